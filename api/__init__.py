@@ -1,0 +1,1 @@
+"""The management REST API (FastAPI). Built by a later issue; see docs/ARCHITECTURE.md."""

@@ -1,0 +1,205 @@
+"""Payload codecs for chunk files: `none`, `zstd`, and `zstd_split` (zstd over byte planes).
+
+Invariants: decoding checks every declared size against the expected layout before it
+decompresses or allocates anything (a corrupt or hostile header cannot cause a decompression bomb
+or an oversized allocation); encode/decode are pure functions of their inputs (thread-safe); the
+heavy work runs in zstd and numpy, which release the GIL, so a thread pool scales across cores.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+# Byte planes of KV are order-0 sources: long matches are rare, so a small hash table and the
+# longest minimum match keep zstd's fast strategy at level-1 ratio (~99% of the entropy bound,
+# measured on bf16 KV) while compressing about twice as fast as plain level 1.
+_KV_FAST_PARAMS = dict(
+    window_log=17, hash_log=10, chain_log=6, search_log=1, min_match=7, target_length=0,
+    strategy=zstandard.STRATEGY_FAST,
+)
+_PROBE_BYTES = 64 * 1024
+_MIN_SAVING = 0.02  # a plane that compresses by less than this is stored raw
+
+
+class CorruptChunkError(ValueError):
+    """A chunk file (or payload) disagrees with its header, its checksum or what was asked for."""
+
+
+class Codec(enum.Enum):
+    NONE = "none"
+    ZSTD = "zstd"
+    ZSTD_SPLIT = "zstd_split"
+
+    @property
+    def code(self) -> int:
+        return _CODEC_CODES[self]
+
+    @classmethod
+    def from_code(cls, code: int) -> "Codec":
+        for codec, c in _CODEC_CODES.items():
+            if c == code:
+                return codec
+        raise CorruptChunkError(f"unknown codec code {code}")
+
+    @classmethod
+    def parse(cls, name: str) -> "Codec":
+        try:
+            return cls(name)
+        except ValueError:
+            valid = ", ".join(c.value for c in cls)
+            raise ValueError(f"unknown codec {name!r}; valid codecs: {valid}") from None
+
+    @classmethod
+    def default_for(cls, itemsize: int) -> "Codec":
+        return cls.ZSTD_SPLIT if itemsize == 2 else cls.ZSTD
+
+
+_CODEC_CODES = {Codec.NONE: 0, Codec.ZSTD: 1, Codec.ZSTD_SPLIT: 2}
+
+
+class PlaneCodec(enum.IntEnum):
+    RAW = 0
+    ZSTD = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Plane:
+    codec: PlaneCodec
+    stored_size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPayload:
+    planes: tuple[Plane, ...]
+    segments: tuple[memoryview | bytes, ...]  # written in order after the header
+
+    @property
+    def stored_size_bytes(self) -> int:
+        return sum(p.stored_size_bytes for p in self.planes)
+
+
+_local = threading.local()
+
+
+def _compressor(level: int | None) -> zstandard.ZstdCompressor:
+    cache = getattr(_local, "compressors", None)
+    if cache is None:
+        cache = _local.compressors = {}
+    c = cache.get(level)
+    if c is None:
+        if level is None:
+            params = zstandard.ZstdCompressionParameters(**_KV_FAST_PARAMS)
+            c = zstandard.ZstdCompressor(compression_params=params)
+        else:
+            c = zstandard.ZstdCompressor(level=level)
+        cache[level] = c
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "decompressor", None)
+    if d is None:
+        d = _local.decompressor = zstandard.ZstdDecompressor()
+    return d
+
+
+def _num_planes(codec: Codec, itemsize: int) -> int:
+    return itemsize if codec is Codec.ZSTD_SPLIT else 1
+
+
+def _compress_plane(plane: np.ndarray, level: int | None, probe: bool) -> tuple[Plane, memoryview | bytes]:
+    data = memoryview(plane)
+    if probe and plane.nbytes > 2 * _PROBE_BYTES:
+        sample = _compressor(level).compress(data[:_PROBE_BYTES])
+        if len(sample) > (1 - _MIN_SAVING) * _PROBE_BYTES:
+            return Plane(PlaneCodec.RAW, plane.nbytes), data
+    frame = _compressor(level).compress(data)
+    if len(frame) >= plane.nbytes:
+        return Plane(PlaneCodec.RAW, plane.nbytes), data
+    return Plane(PlaneCodec.ZSTD, len(frame)), frame
+
+
+def encode(raw: np.ndarray, itemsize: int, codec: Codec, level: int | None = None) -> EncodedPayload:
+    """Encode ``raw`` (1-D uint8, the page's bytes in memory order).
+
+    ``level`` None uses the KV-tuned fast parameters; an int uses that zstd level.
+    The returned segments may alias ``raw``: write them before ``raw`` changes.
+    """
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ValueError("encode takes a 1-D uint8 array")
+    if codec is Codec.NONE:
+        return EncodedPayload((Plane(PlaneCodec.RAW, raw.nbytes),), (memoryview(raw),))
+    if codec is Codec.ZSTD:
+        plane, seg = _compress_plane(raw, level, probe=False)
+        return EncodedPayload((plane,), (seg,))
+    if raw.nbytes % itemsize:
+        raise ValueError(f"{raw.nbytes} bytes is not a whole number of {itemsize}-byte items")
+    if itemsize == 1:
+        plane, seg = _compress_plane(raw, level, probe=True)
+        return EncodedPayload((plane,), (seg,))
+    planes = np.ascontiguousarray(raw.reshape(-1, itemsize).T)  # one contiguous plane per byte
+    results = [_compress_plane(planes[i], level, probe=True) for i in range(itemsize)]
+    return EncodedPayload(tuple(p for p, _ in results), tuple(s for _, s in results))
+
+
+def check_planes(planes: tuple[Plane, ...], codec: Codec, itemsize: int, raw_size_bytes: int,
+                 payload_size_bytes: int) -> None:
+    """Raise CorruptChunkError unless the plane table fits the layout and the payload length."""
+    n = _num_planes(codec, itemsize)
+    if len(planes) != n:
+        raise CorruptChunkError(f"codec {codec.value} wants {n} planes, header has {len(planes)}")
+    if raw_size_bytes % n:
+        raise CorruptChunkError("raw size is not a whole number of items")
+    plane_size = raw_size_bytes // n
+    total = 0
+    for p in planes:
+        if p.codec is PlaneCodec.RAW and p.stored_size_bytes != plane_size:
+            raise CorruptChunkError(f"raw plane of {p.stored_size_bytes} bytes, expected {plane_size}")
+        if p.codec is PlaneCodec.ZSTD and not 0 < p.stored_size_bytes < plane_size + 1024:
+            raise CorruptChunkError(f"zstd plane of {p.stored_size_bytes} bytes for {plane_size} raw")
+        if codec is Codec.NONE and p.codec is not PlaneCodec.RAW:
+            raise CorruptChunkError("codec none with a compressed plane")
+        total += p.stored_size_bytes
+    if total != payload_size_bytes:
+        raise CorruptChunkError(f"planes add up to {total} bytes, payload has {payload_size_bytes}")
+
+
+def decode_into(payload: memoryview, planes: tuple[Plane, ...], codec: Codec, itemsize: int,
+                out: np.ndarray) -> None:
+    """Decode ``payload`` into ``out`` (1-D uint8 of the raw size). Raises CorruptChunkError.
+
+    Call check_planes first; this re-checks every zstd frame's declared content size before
+    decompressing it.
+    """
+    n = len(planes)
+    plane_size = out.nbytes // n
+    grid = out.reshape(-1, n) if n > 1 else None
+    offset = 0
+    for i, p in enumerate(planes):
+        seg = payload[offset : offset + p.stored_size_bytes]
+        offset += p.stored_size_bytes
+        if p.codec is PlaneCodec.RAW:
+            src = np.frombuffer(seg, dtype=np.uint8)
+        else:
+            try:
+                declared = zstandard.frame_content_size(seg)
+            except zstandard.ZstdError as exc:
+                raise CorruptChunkError(f"bad zstd frame: {exc}") from None
+            if declared != plane_size:
+                raise CorruptChunkError(f"zstd frame declares {declared} bytes, expected {plane_size}")
+            try:
+                data = _decompressor().decompress(seg, max_output_size=plane_size)
+            except zstandard.ZstdError as exc:
+                raise CorruptChunkError(f"zstd frame does not decode: {exc}") from None
+            if len(data) != plane_size:
+                raise CorruptChunkError("zstd frame decoded to the wrong size")
+            src = np.frombuffer(data, dtype=np.uint8)
+        if grid is None:
+            out[:] = src
+        else:
+            grid[:, i] = src

@@ -1,0 +1,196 @@
+"""The chunk folder tree: fan-out paths, atomic publish, bounded reads, quarantine, temp cleanup.
+
+Invariants: a chunk path holds a complete file or nothing (temp file in tmp/, write, fsync per the
+durability setting, rename, fsync the folder); a failed write leaves no file at the chunk path
+and no temp file behind; files are write-once. Temp files live in one tmp/ folder on the same
+file system so that crash cleanup lists one folder instead of scanning the fan-out tree.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+CHUNK_SUFFIX = ".kv"
+TMP_PREFIX = "tmp-"
+
+
+class Durability(enum.Enum):
+    """``fsync``: files and folders are fsynced before a chunk is indexed (survives power loss).
+    ``none``: no fsync; survives a process crash (the page cache keeps the data), not power loss."""
+
+    FSYNC = "fsync"
+    NONE = "none"
+
+    @classmethod
+    def parse(cls, name: str) -> "Durability":
+        try:
+            return cls(name)
+        except ValueError:
+            valid = ", ".join(d.value for d in cls)
+            raise ValueError(f"unknown durability {name!r}; valid values: {valid}") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ChunkFiles:
+    """The files of one store under ``root``: chunks/ab/cd/<key hex>.kv, tmp/, quarantine/."""
+
+    def __init__(self, root: Path, durability: Durability = Durability.FSYNC):
+        self.root = Path(root)
+        self.chunks_dir = self.root / "chunks"
+        self.tmp_dir = self.root / "tmp"
+        self.quarantine_dir = self.root / "quarantine"
+        self.durability = durability
+        self._local = threading.local()
+        self._made_dirs: set[str] = set()  # bounded by the 65,536 fan-out folders
+
+    def create_dirs(self) -> None:
+        for d in (self.chunks_dir, self.tmp_dir, self.quarantine_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, key: bytes) -> Path:
+        h = key.hex()
+        return self.chunks_dir / h[0:2] / h[2:4] / (h + CHUNK_SUFFIX)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write_temp(self, key: bytes, segments: Sequence[bytes | memoryview]) -> Path:
+        """Write a complete temp file for ``key``; on any error remove it and re-raise."""
+        tmp = self.tmp_dir / f"{TMP_PREFIX}{key.hex()}-{os.getpid()}-{threading.get_ident()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for seg in segments:
+                self._write_all(fd, memoryview(seg).cast("B"))
+            if self.durability is Durability.FSYNC:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        return tmp
+
+    def _write_all(self, fd: int, data: memoryview) -> None:
+        while len(data):
+            n = os.write(fd, data)
+            if n <= 0:  # a regular file only writes short when the disk is full
+                raise OSError(errno.ENOSPC, "short write")
+            data = data[n:]
+
+    def publish(self, temps: Sequence[tuple[Path, bytes]]) -> None:
+        """Rename temp files to their chunk paths, then fsync each folder touched once."""
+        folders: set[Path] = set()
+        for tmp, key in temps:
+            dest = self.path_for(key)
+            self._ensure_dir(dest.parent)
+            os.replace(tmp, dest)
+            folders.add(dest.parent)
+        if self.durability is Durability.FSYNC:
+            for folder in folders:
+                _fsync_dir(folder)
+
+    def _ensure_dir(self, folder: Path) -> None:
+        s = str(folder)
+        if s in self._made_dirs:
+            return
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.durability is Durability.FSYNC:
+                _fsync_dir(folder.parent)
+                _fsync_dir(folder.parent.parent)
+        self._made_dirs.add(s)
+
+    def discard_temp(self, tmp: Path) -> None:
+        tmp.unlink(missing_ok=True)
+
+    def remove(self, key: bytes) -> bool:
+        try:
+            self.path_for(key).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, key: bytes, max_size_bytes: int) -> memoryview:
+        """The whole file of ``key`` in a per-thread buffer (valid until this thread's next read).
+
+        Raises FileNotFoundError when absent, and OSError(EFBIG) for a file over ``max_size_bytes``
+        (a swapped or hostile file never makes us allocate more than a chunk can hold).
+        """
+        with open(self.path_for(key), "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_size_bytes:
+                raise OSError(errno.EFBIG, f"chunk file of {size} bytes exceeds {max_size_bytes}")
+            buf = getattr(self._local, "buf", None)
+            if buf is None or len(buf) < size:
+                buf = self._local.buf = bytearray(max(size, 1))
+            view = memoryview(buf)[:size]
+            got = 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            return view[:got]
+
+    # -- housekeeping ----------------------------------------------------------------------
+
+    def quarantine(self, key: bytes) -> Path | None:
+        """Move the file of ``key`` aside; returns its new path, None if it was already gone."""
+        src = self.path_for(key)
+        dest = self.quarantine_dir / f"{key.hex()}-{time.time_ns()}{CHUNK_SUFFIX}"
+        try:
+            os.replace(src, dest)
+        except FileNotFoundError:
+            return None
+        return dest
+
+    def remove_temps(self) -> int:
+        """Delete every leftover temp file (call only while holding the store's writer lock)."""
+        n = 0
+        for entry in os.scandir(self.tmp_dir):
+            if entry.name.startswith(TMP_PREFIX):
+                Path(entry.path).unlink(missing_ok=True)
+                n += 1
+        return n
+
+    def count_temps(self) -> int:
+        return sum(1 for e in os.scandir(self.tmp_dir) if e.name.startswith(TMP_PREFIX))
+
+    def iter_chunk_paths(self) -> Iterator[Path]:
+        """Every chunk file in the fan-out tree (a full scan: for verify and rebuild only)."""
+        if not self.chunks_dir.is_dir():
+            return
+        for top in sorted(os.scandir(self.chunks_dir), key=lambda e: e.name):
+            if not top.is_dir():
+                continue
+            for mid in sorted(os.scandir(top.path), key=lambda e: e.name):
+                if not mid.is_dir():
+                    continue
+                for entry in os.scandir(mid.path):
+                    if entry.name.endswith(CHUNK_SUFFIX) and entry.is_file():
+                        yield Path(entry.path)
+
+    @staticmethod
+    def key_from_path(path: Path) -> bytes | None:
+        name = path.name
+        if not name.endswith(CHUNK_SUFFIX):
+            return None
+        try:
+            key = bytes.fromhex(name[: -len(CHUNK_SUFFIX)])
+        except ValueError:
+            return None
+        return key if len(key) == 32 else None

@@ -1,0 +1,93 @@
+"""Model identity: everything that decides whether two pages of KV are interchangeable.
+
+Invariant: two identities that differ in any field produce different root keys (see keys.py), so a
+store never serves one model's KV to another. The identity also fixes the shape and dtype of a page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+# Codes are part of the on-disk format: never renumber, only append.
+DTYPE_CODES: dict[str, int] = {
+    "bfloat16": 1,
+    "float16": 2,
+    "float32": 3,
+    "float8_e4m3fn": 4,
+    "float8_e5m2": 5,
+    "uint8": 6,
+}
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "uint8": 1,
+}
+DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
+
+LAYOUT_VERSION = 1
+
+
+class ModelMismatchError(ValueError):
+    """A store or chunk belongs to another model identity than the one asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIdentity:
+    """What a page of KV depends on besides its tokens.
+
+    The page layout is page-first: one page holds all layers, K and V, as
+    ``(num_layers, 2, page_size, num_kv_heads, head_dim)`` in ``kv_dtype``.
+    """
+
+    model_id: str
+    kv_dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    layout_version: int = LAYOUT_VERSION
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            raise ValueError("model_id must not be empty")
+        if self.kv_dtype not in DTYPE_CODES:
+            raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of {sorted(DTYPE_CODES)}")
+        for name in ("num_layers", "num_kv_heads", "head_dim", "page_size", "layout_version", "tp_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank {self.tp_rank} must be in [0, tp_size={self.tp_size})")
+
+    @property
+    def page_shape(self) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.page_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_ITEMSIZE[self.kv_dtype]
+
+    @property
+    def page_size_bytes(self) -> int:
+        n = 1
+        for d in self.page_shape:
+            n *= d
+        return n * self.itemsize
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelIdentity":
+        fields = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(fields) - known
+        if unknown:
+            raise ValueError(f"unknown model identity fields: {sorted(unknown)}")
+        return cls(**fields)

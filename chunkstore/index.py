@@ -1,0 +1,286 @@
+"""The chunk index: one SQLite database (WAL) through SQLAlchemy Core.
+
+Invariants: a row exists only for a chunk whose file was published first (the store writes the
+file, then the row; deletes the row, then the file); all writes go through one connection under
+one lock (one writer at a time) in batched transactions; reads use pooled connections and never
+block on the writer (WAL). Nothing per chunk is kept in Python memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import bindparam, create_engine, event, func, select, text, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine
+
+from chunkstore import migrations
+from chunkstore.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
+
+DB_FILENAME = "index.db"
+_IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRow:
+    key: bytes
+    parent_key: bytes
+    namespace: str
+    num_tokens: int
+    raw_bytes: int
+    stored_bytes: int
+    created_at: float
+    last_access_at: float
+    hit_count: int = 0
+    pinned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    key: bytes
+    namespace: str
+    stored_bytes: int
+    raw_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceUsage:
+    namespace: str
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    quota_bytes: int | None
+
+
+def db_files(root: Path) -> list[Path]:
+    db = Path(root) / DB_FILENAME
+    return [db, db.with_name(DB_FILENAME + "-wal"), db.with_name(DB_FILENAME + "-shm")]
+
+
+def _on_connect(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class ChunkIndex:
+    """Rows of the chunk index; thread-safe. Writes are serialised by ``write_lock``."""
+
+    def __init__(self, root: Path, *, read_only: bool = False):
+        self.path = Path(root) / DB_FILENAME
+        self.read_only = read_only
+        self.engine: Engine = create_engine(f"sqlite:///{self.path}", pool_size=8, max_overflow=8)
+        event.listen(self.engine, "connect", _on_connect)
+        self.write_lock = threading.RLock()
+        self._pending_touch: dict[bytes, tuple[int, float]] = {}
+        self._pending_counts: Counter[tuple[str, str]] = Counter()
+        self._pending_lock = threading.Lock()
+        with self.engine.begin() as conn:
+            if read_only:
+                if migrations.current_revision(conn) != migrations.head_revision():
+                    raise RuntimeError(f"index {self.path} is not at the current schema; run `chunkstore db upgrade`")
+            else:
+                migrations.upgrade(conn)
+
+    def close(self) -> None:
+        if not self.read_only:
+            self.flush()
+        self.engine.dispose()
+
+    # -- meta ------------------------------------------------------------------------------
+
+    def get_meta(self, name: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(store_meta.c.value).where(store_meta.c.name == name)).scalar()
+
+    def set_meta(self, name: str, value: str) -> None:
+        with self.write_lock, self.engine.begin() as conn:
+            stmt = sqlite_insert(store_meta).values(name=name, value=value)
+            conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"value": value}))
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def present(self, keys: Sequence[bytes]) -> set[bytes]:
+        found: set[bytes] = set()
+        with self.engine.connect() as conn:
+            for batch in _batches(list(keys)):
+                stmt = select(chunks.c.key).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                found.update(conn.execute(stmt, {"keys": list(batch)}).scalars())
+        return found
+
+    def rows(self, keys: Sequence[bytes]) -> dict[bytes, ChunkRow]:
+        out: dict[bytes, ChunkRow] = {}
+        with self.engine.connect() as conn:
+            for batch in _batches(list(keys)):
+                stmt = select(chunks).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                for r in conn.execute(stmt, {"keys": list(batch)}).mappings():
+                    out[r["key"]] = ChunkRow(**r)
+        return out
+
+    def iter_rows(self, batch_size: int = 1000) -> Iterator[ChunkRow]:
+        """Every row in key order, a batch at a time (bounded memory)."""
+        after = b""
+        while True:
+            with self.engine.connect() as conn:
+                stmt = select(chunks).where(chunks.c.key > after).order_by(chunks.c.key).limit(batch_size)
+                batch = [ChunkRow(**r) for r in conn.execute(stmt).mappings()]
+            if not batch:
+                return
+            yield from batch
+            after = batch[-1].key
+
+    def count(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(chunks)).scalar() or 0)
+
+    def usage(self) -> list[NamespaceUsage]:
+        with self.engine.connect() as conn:
+            quotas = dict(conn.execute(select(namespace_quotas.c.namespace, namespace_quotas.c.quota_bytes)).all())
+            rows = conn.execute(select(namespace_usage)).mappings().all()
+        seen = {r["namespace"] for r in rows}
+        out = [NamespaceUsage(r["namespace"], r["num_chunks"], r["raw_bytes"], r["stored_bytes"],
+                              quotas.get(r["namespace"])) for r in rows]
+        out += [NamespaceUsage(ns, 0, 0, 0, q) for ns, q in quotas.items() if ns not in seen]
+        return sorted(out, key=lambda u: u.namespace)
+
+    def stored_bytes(self, namespace: str | None = None) -> int:
+        with self.engine.connect() as conn:
+            stmt = select(func.coalesce(func.sum(namespace_usage.c.stored_bytes), 0))
+            if namespace is not None:
+                stmt = stmt.where(namespace_usage.c.namespace == namespace)
+            return int(conn.execute(stmt).scalar() or 0)
+
+    def quota(self, namespace: str) -> int | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(namespace_quotas.c.quota_bytes)
+                                .where(namespace_quotas.c.namespace == namespace)).scalar()
+
+    def counter_values(self) -> dict[tuple[str, str], int]:
+        with self.engine.connect() as conn:
+            values = {(ns, name): int(v) for ns, name, v in conn.execute(select(counters)).all()}
+        with self._pending_lock:
+            for k, v in self._pending_counts.items():
+                values[k] = values.get(k, 0) + v
+        return values
+
+    def victims(self, limit: int, namespace: str | None = None) -> list[Victim]:
+        """Least recently used unpinned leaves (no stored chunk extends them), oldest first."""
+        self.flush()
+        ns_clause = "AND c.namespace = :ns" if namespace is not None else ""
+        sql = text(
+            f"""SELECT c.key, c.namespace, c.stored_bytes, c.raw_bytes FROM chunks c
+                WHERE c.pinned = 0 {ns_clause}
+                  AND NOT EXISTS (SELECT 1 FROM chunks ch WHERE ch.parent_key = c.key)
+                ORDER BY c.last_access_at LIMIT :limit"""
+        )
+        params: dict = {"limit": limit}
+        if namespace is not None:
+            params["ns"] = namespace
+        with self.engine.connect() as conn:
+            return [Victim(*r) for r in conn.execute(sql, params).all()]
+
+    def keys_in_namespace(self, namespace: str, limit: int) -> list[Victim]:
+        with self.engine.connect() as conn:
+            stmt = (select(chunks.c.key, chunks.c.namespace, chunks.c.stored_bytes, chunks.c.raw_bytes)
+                    .where(chunks.c.namespace == namespace).limit(limit))
+            return [Victim(*r) for r in conn.execute(stmt).all()]
+
+    # -- writes (each takes write_lock) ----------------------------------------------------
+
+    def insert(self, rows: Iterable[ChunkRow]) -> int:
+        """Insert rows, ignoring keys already present; returns how many were new."""
+        values = [
+            dict(key=r.key, parent_key=r.parent_key, namespace=r.namespace, num_tokens=r.num_tokens,
+                 raw_bytes=r.raw_bytes, stored_bytes=r.stored_bytes, created_at=r.created_at,
+                 last_access_at=r.last_access_at, hit_count=r.hit_count, pinned=r.pinned)
+            for r in rows
+        ]
+        if not values:
+            return 0
+        with self.write_lock, self.engine.begin() as conn:
+            self._flush_in(conn)
+            result = conn.execute(sqlite_insert(chunks).on_conflict_do_nothing(), values)
+            return int(result.rowcount)
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        n = 0
+        with self.write_lock, self.engine.begin() as conn:
+            self._flush_in(conn)
+            for batch in _batches(list(keys)):
+                stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+        return n
+
+    def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:
+        n = 0
+        with self.write_lock, self.engine.begin() as conn:
+            for batch in _batches(list(keys)):
+                stmt = (update(chunks).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                        .values(pinned=pinned))
+                n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+        return n
+
+    def set_quota(self, namespace: str, quota_bytes: int | None) -> None:
+        with self.write_lock, self.engine.begin() as conn:
+            if quota_bytes is None:
+                conn.execute(namespace_quotas.delete().where(namespace_quotas.c.namespace == namespace))
+            else:
+                stmt = sqlite_insert(namespace_quotas).values(namespace=namespace, quota_bytes=quota_bytes)
+                conn.execute(stmt.on_conflict_do_update(index_elements=["namespace"],
+                                                        set_={"quota_bytes": quota_bytes}))
+
+    # -- access bookkeeping, batched -------------------------------------------------------
+
+    def touch(self, keys: Iterable[bytes], now: float | None = None) -> None:
+        """Record hits; written with the next write transaction or flush (bounded buffer)."""
+        now = time.time() if now is None else now
+        with self._pending_lock:
+            for k in keys:
+                n, _ = self._pending_touch.get(k, (0, now))
+                self._pending_touch[k] = (n + 1, now)
+            full = len(self._pending_touch) >= 4096
+        if full and not self.read_only:
+            self.flush()
+
+    def count_event(self, namespace: str, name: str, n: int = 1) -> None:
+        if n:
+            with self._pending_lock:
+                self._pending_counts[(namespace, name)] += n
+
+    def flush(self) -> None:
+        if self.read_only:
+            return
+        with self.write_lock, self.engine.begin() as conn:
+            self._flush_in(conn)
+
+    def _flush_in(self, conn: Connection) -> None:
+        with self._pending_lock:
+            touches, self._pending_touch = self._pending_touch, {}
+            counts, self._pending_counts = self._pending_counts, Counter()
+        if touches:
+            stmt = (update(chunks).where(chunks.c.key == bindparam("k"))
+                    .values(hit_count=chunks.c.hit_count + bindparam("n"),
+                            last_access_at=func.max(chunks.c.last_access_at, bindparam("t"))))
+            conn.execute(stmt, [{"k": k, "n": n, "t": t} for k, (n, t) in touches.items()])
+        if counts:
+            stmt = sqlite_insert(counters).values(namespace=bindparam("ns"), name=bindparam("nm"),
+                                                  value=bindparam("v"))
+            stmt = stmt.on_conflict_do_update(index_elements=["namespace", "name"],
+                                              set_={"value": counters.c.value + stmt.excluded.value})
+            conn.execute(stmt, [{"ns": ns, "nm": nm, "v": v} for (ns, nm), v in counts.items()])
+
+    def checkpoint(self) -> None:
+        with self.write_lock, self.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")

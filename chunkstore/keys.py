@@ -1,0 +1,130 @@
+"""Chunk keys: blake2b-256 hashes chained over a token prefix, one per full page.
+
+Invariants: the encoding is unambiguous (every field is tagged and length-prefixed, the two hash
+kinds use different personalisation strings), so distinct (identity, namespace, parent, tokens)
+tuples never hash the same bytes; keys are identical across processes and machines (no Python
+``hash()``, fixed byte order). The encoding is published with test vectors in docs/KEYS.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from chunkstore.identity import ModelIdentity
+
+KEY_SIZE_BYTES = 32
+DEFAULT_NAMESPACE = "default"
+
+_ROOT_PERSON = b"chunkstore:root1"  # 16 bytes, blake2b personalisation
+_PAGE_PERSON = b"chunkstore:page1"
+
+# Field tags (part of the key format: never renumber).
+TAG_MODEL_ID = 0x01
+TAG_KV_DTYPE = 0x02
+TAG_NUM_LAYERS = 0x03
+TAG_NUM_KV_HEADS = 0x04
+TAG_HEAD_DIM = 0x05
+TAG_PAGE_SIZE = 0x06
+TAG_LAYOUT_VERSION = 0x07
+TAG_TP_RANK = 0x08
+TAG_TP_SIZE = 0x09
+TAG_NAMESPACE = 0x0A
+TAG_PARENT = 0x10
+TAG_TOKENS = 0x11
+
+
+def _field(tag: int, value: bytes) -> bytes:
+    return struct.pack(">BI", tag, len(value)) + value
+
+
+def _uint_field(tag: int, value: int) -> bytes:
+    return _field(tag, struct.pack(">Q", value))
+
+
+def encode_tokens(token_ids: Iterable[int]) -> bytes:
+    """Token ids as little-endian uint32; raises ValueError for ids outside [0, 2**32)."""
+    try:
+        arr = array("I", token_ids)
+    except OverflowError as exc:
+        raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def decode_tokens(data: bytes) -> tuple[int, ...]:
+    if len(data) % 4:
+        raise ValueError("token bytes are not a whole number of uint32")
+    arr = array("I")
+    arr.frombytes(data)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return tuple(arr)
+
+
+def root_key(identity: ModelIdentity, namespace: str = DEFAULT_NAMESPACE) -> bytes:
+    """The parent of every first page: binds the model identity and the namespace."""
+    h = hashlib.blake2b(digest_size=KEY_SIZE_BYTES, person=_ROOT_PERSON)
+    h.update(_field(TAG_MODEL_ID, identity.model_id.encode()))
+    h.update(_field(TAG_KV_DTYPE, identity.kv_dtype.encode()))
+    h.update(_uint_field(TAG_NUM_LAYERS, identity.num_layers))
+    h.update(_uint_field(TAG_NUM_KV_HEADS, identity.num_kv_heads))
+    h.update(_uint_field(TAG_HEAD_DIM, identity.head_dim))
+    h.update(_uint_field(TAG_PAGE_SIZE, identity.page_size))
+    h.update(_uint_field(TAG_LAYOUT_VERSION, identity.layout_version))
+    h.update(_uint_field(TAG_TP_RANK, identity.tp_rank))
+    h.update(_uint_field(TAG_TP_SIZE, identity.tp_size))
+    h.update(_field(TAG_NAMESPACE, namespace.encode()))
+    return h.digest()
+
+
+def page_key(parent_key: bytes, token_bytes: bytes) -> bytes:
+    """key(page) = H(parent key, tokens of the page); ``token_bytes`` from encode_tokens."""
+    if len(parent_key) != KEY_SIZE_BYTES:
+        raise ValueError(f"parent key must be {KEY_SIZE_BYTES} bytes, got {len(parent_key)}")
+    h = hashlib.blake2b(digest_size=KEY_SIZE_BYTES, person=_PAGE_PERSON)
+    h.update(_field(TAG_PARENT, parent_key))
+    h.update(_field(TAG_TOKENS, token_bytes))
+    return h.digest()
+
+
+@dataclass(frozen=True, slots=True)
+class PageRef:
+    """One full page of a prefix: its key, its parent's key and its token ids."""
+
+    key: bytes
+    parent_key: bytes
+    token_ids: tuple[int, ...]
+    namespace: str
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def chain_pages(
+    identity: ModelIdentity,
+    token_ids: Sequence[int],
+    namespace: str = DEFAULT_NAMESPACE,
+    parent_key: bytes | None = None,
+) -> list[PageRef]:
+    """Keys for every full page of ``token_ids`` (a trailing partial page is ignored).
+
+    ``parent_key`` continues a chain (the key of the page before ``token_ids[0]``); by default the
+    chain starts at the root of (identity, namespace).
+    """
+    parent = root_key(identity, namespace) if parent_key is None else parent_key
+    size = identity.page_size
+    tokens = list(token_ids)
+    pages: list[PageRef] = []
+    for start in range(0, len(tokens) - size + 1, size):
+        page_tokens = tuple(int(t) for t in tokens[start : start + size])
+        key = page_key(parent, encode_tokens(page_tokens))
+        pages.append(PageRef(key=key, parent_key=parent, token_ids=page_tokens, namespace=namespace))
+        parent = key
+    return pages

@@ -1,0 +1,56 @@
+"""SQLAlchemy Core tables of the chunk index (the schema itself is owned by alembic/ migrations).
+
+Invariant: these definitions match the newest migration; tests/test_schema.py compares them.
+Per-namespace usage is kept by SQLite triggers on ``chunks``, so it can never drift from the rows.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Boolean, Column, Float, Index, Integer, LargeBinary, MetaData, String, Table, Text
+
+metadata = MetaData()
+
+store_meta = Table(
+    "store_meta", metadata,
+    Column("name", String, primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+chunks = Table(
+    "chunks", metadata,
+    Column("key", LargeBinary(32), primary_key=True),
+    Column("parent_key", LargeBinary(32), nullable=False),
+    Column("namespace", String, nullable=False),
+    Column("num_tokens", Integer, nullable=False),
+    Column("raw_bytes", Integer, nullable=False),
+    Column("stored_bytes", Integer, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("last_access_at", Float, nullable=False),
+    Column("hit_count", Integer, nullable=False, server_default="0"),
+    Column("pinned", Boolean, nullable=False, server_default="0"),
+    Index("ix_chunks_parent_key", "parent_key"),
+    Index("ix_chunks_last_access_at", "last_access_at"),
+    Index("ix_chunks_namespace_last_access_at", "namespace", "last_access_at"),
+    sqlite_with_rowid=False,
+)
+
+namespace_usage = Table(
+    "namespace_usage", metadata,
+    Column("namespace", String, primary_key=True),
+    Column("num_chunks", Integer, nullable=False, server_default="0"),
+    Column("raw_bytes", Integer, nullable=False, server_default="0"),
+    Column("stored_bytes", Integer, nullable=False, server_default="0"),
+)
+
+namespace_quotas = Table(
+    "namespace_quotas", metadata,
+    Column("namespace", String, primary_key=True),
+    Column("quota_bytes", Integer, nullable=False),
+)
+
+counters = Table(
+    "counters", metadata,
+    Column("namespace", String, primary_key=True),
+    Column("name", String, primary_key=True),
+    Column("value", Integer, nullable=False, server_default="0"),
+)

@@ -1,0 +1,527 @@
+"""ChunkStore: the disk tier's public API (batch put / get / exists, eviction, pins, quotas, stats).
+
+Invariants: a key is present iff its index row exists, and a row exists only after its file was
+published (file, then row; deleting: row, then file); every read verifies the file (checksums,
+key, parent, tokens, layout) and a bad file is quarantined and reported as a miss, never
+returned; eviction is least-recently-used and leaf-first and never touches pinned chunks;
+one process writes a store at a time (an exclusive lock file), one thread at a time within it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from chunkstore.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
+from chunkstore.codec import Codec, CorruptChunkError, encode
+from chunkstore.files import ChunkFiles, Durability
+from chunkstore.identity import ModelIdentity, ModelMismatchError
+from chunkstore.index import ChunkIndex, ChunkRow, Victim, db_files
+from chunkstore.keys import PageRef
+
+log = logging.getLogger(__name__)
+
+STORE_FILENAME = "store.json"
+LOCK_FILENAME = "LOCK"
+STORE_FORMAT = 1
+_EVICT_BATCH = 256
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "uint8": torch.uint8,
+}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        TORCH_DTYPES[_name] = getattr(torch, _name)
+
+
+class StoreBusyError(RuntimeError):
+    """Another process holds the store's writer lock."""
+
+
+@dataclass(slots=True)
+class PutResult:
+    stored: list[bytes] = field(default_factory=list)
+    deduplicated: list[bytes] = field(default_factory=list)
+    failed: dict[bytes, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    num_chunks: int
+    stored_bytes: int
+    keys: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    namespace: str
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    quota_bytes: int | None
+    hits: int
+    misses: int
+    dedup_hits: int
+    evictions: int
+    quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    capacity_bytes: int | None
+    compression_ratio: float
+    hits: int
+    misses: int
+    dedup_hits: int
+    evictions: int
+    quarantined: int
+    write_errors: int
+    namespaces: tuple[NamespaceStats, ...]
+
+
+_COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors")
+
+
+def page_tensor_bytes(t: torch.Tensor) -> np.ndarray:
+    """The bytes of a page as a 1-D uint8 numpy array (a view when ``t`` is a contiguous CPU tensor)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    return t.contiguous().view(torch.uint8).reshape(-1).numpy()
+
+
+def read_identity(root: Path) -> ModelIdentity | None:
+    path = Path(root) / STORE_FILENAME
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text())
+    return ModelIdentity.from_json(json.dumps(doc["identity"]))
+
+
+class ChunkStore:
+    """A persistent, content-addressed store of KV pages under ``path``.
+
+    Thread-safe. ``capacity_bytes`` bounds the stored (compressed) bytes; None means unbounded.
+    Raises ModelMismatchError when ``path`` holds another model's store (unless
+    ``allow_other_models``: keys bind the identity, so models never share chunks) and
+    StoreBusyError when another process is writing it. ``reset_index`` deletes the SQLite index
+    (not the chunk files) before opening, for `chunkstore rebuild`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        identity: ModelIdentity,
+        *,
+        capacity_bytes: int | None = None,
+        codec: Codec | None = None,
+        zstd_level: int | None = None,
+        durability: Durability = Durability.FSYNC,
+        num_workers: int | None = None,
+        allow_other_models: bool = False,
+        read_only: bool = False,
+        reset_index: bool = False,
+    ):
+        if identity.kv_dtype not in TORCH_DTYPES:
+            raise ValueError(f"torch {torch.__version__} has no dtype {identity.kv_dtype}")
+        if capacity_bytes is not None and capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        self.root = Path(path)
+        self.identity = identity
+        self.capacity_bytes = capacity_bytes
+        self.codec = codec or Codec.default_for(identity.itemsize)
+        self.zstd_level = zstd_level
+        self.read_only = read_only
+        self.torch_dtype = TORCH_DTYPES[identity.kv_dtype]
+        self._max_file_bytes = identity.page_size_bytes + 8 * identity.page_size + (64 << 10)
+        self._lock_fd: int | None = None
+        self._closed = False
+        if read_only:
+            if not (self.root / STORE_FILENAME).is_file():
+                raise FileNotFoundError(f"no chunk store at {self.root}")
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._take_writer_lock()
+        try:
+            self._check_identity(allow_other_models)
+            self.files = ChunkFiles(self.root, durability)
+            if not read_only:
+                self.files.create_dirs()
+                self.files.remove_temps()
+                if reset_index:  # the files stay; `maintenance.rebuild` re-indexes them
+                    for f in db_files(self.root):
+                        f.unlink(missing_ok=True)
+            self.index = ChunkIndex(self.root, read_only=read_only)
+        except BaseException:
+            self._release_writer_lock()
+            raise
+        self._pool = ThreadPoolExecutor(max_workers=num_workers or os.cpu_count() or 2,
+                                        thread_name_prefix="chunkstore-io")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _take_writer_lock(self) -> None:
+        fd = os.open(self.root / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreBusyError(f"another process is writing the store at {self.root}") from None
+        self._lock_fd = fd
+
+    def _release_writer_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _check_identity(self, allow_other_models: bool) -> None:
+        stored = read_identity(self.root)
+        if stored is None:
+            if self.read_only:
+                raise FileNotFoundError(f"no chunk store at {self.root}")
+            doc = {"format": STORE_FORMAT, "identity": json.loads(self.identity.to_json())}
+            tmp = self.root / (STORE_FILENAME + ".tmp")
+            tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, self.root / STORE_FILENAME)
+        elif stored != self.identity and not allow_other_models:
+            raise ModelMismatchError(
+                f"the store at {self.root} holds KV of {stored}, not {self.identity}; "
+                "use another --disk-path, or allow other models (keys keep them apart)"
+            )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self.index.close()
+        self._release_writer_lock()
+
+    def __enter__(self) -> "ChunkStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- put -------------------------------------------------------------------------------
+
+    def _check_page(self, page: PageRef, tensor: torch.Tensor) -> None:
+        if page.num_tokens != self.identity.page_size:
+            raise ValueError(f"a page holds {self.identity.page_size} tokens, got {page.num_tokens}")
+        if tensor.dtype != self.torch_dtype:
+            raise ValueError(f"page dtype {tensor.dtype}, store holds {self.torch_dtype}")
+        if tuple(tensor.shape) != self.identity.page_shape:
+            raise ValueError(f"page shape {tuple(tensor.shape)}, expected {self.identity.page_shape}")
+
+    def _encode_and_write(self, page: PageRef, tensor: torch.Tensor) -> tuple[Path, int]:
+        raw = page_tensor_bytes(tensor)
+        payload = encode(raw, self.identity.itemsize, self.codec, self.zstd_level)
+        header = make_header(page.key, page.parent_key, page.namespace, page.token_ids,
+                             self.identity.kv_dtype, self.identity.page_shape, self.codec, raw, payload)
+        head = encode_header(header)
+        tmp = self.files.write_temp(page.key, (head, *payload.segments))
+        return tmp, len(head) + payload.stored_size_bytes
+
+    def put(self, pages: Sequence[PageRef], tensors: Sequence[torch.Tensor]) -> PutResult:
+        """Store pages (one tensor of ``identity.page_shape`` each). Keys already stored are
+        deduplicated (nothing written). Compression and file writes run in the worker pool; the
+        index is updated under the writer lock. A page that cannot be written (disk full, over
+        capacity or quota) is listed in ``failed`` and leaves nothing visible.
+        Raises ValueError for a page of the wrong shape, dtype or token count.
+        """
+        if self.read_only:
+            raise PermissionError("store opened read-only")
+        if len(pages) != len(tensors):
+            raise ValueError(f"{len(pages)} pages but {len(tensors)} tensors")
+        for p, t in zip(pages, tensors):
+            self._check_page(p, t)
+        result = PutResult()
+        present = self.index.present([p.key for p in pages])
+        todo: dict[bytes, tuple[PageRef, torch.Tensor]] = {}
+        for p, t in zip(pages, tensors):
+            if p.key in present or p.key in todo:
+                result.deduplicated.append(p.key)
+                self.index.count_event(p.namespace, "dedup_hits")
+            else:
+                todo[p.key] = (p, t)
+        futures = {k: self._pool.submit(self._encode_and_write, p, t) for k, (p, t) in todo.items()}
+        written: dict[bytes, tuple[Path, int]] = {}
+        for key, fut in futures.items():
+            try:
+                written[key] = fut.result()
+            except OSError as exc:
+                result.failed[key] = f"write failed: {exc}"
+                self.index.count_event(todo[key][0].namespace, "write_errors")
+        if written:
+            self._publish(todo, written, result)
+        return result
+
+    def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
+                 written: dict[bytes, tuple[Path, int]], result: PutResult) -> None:
+        with self.index.write_lock:
+            again = self.index.present(list(written))
+            for key in again:  # another thread stored it meanwhile
+                self.files.discard_temp(written.pop(key)[0])
+                result.deduplicated.append(key)
+                self.index.count_event(todo[key][0].namespace, "dedup_hits")
+            admitted = self._make_room(todo, written, result)
+            try:
+                self.files.publish([(written[k][0], k) for k in admitted])
+            except OSError as exc:
+                for k in admitted:
+                    self.files.discard_temp(written[k][0])
+                    self.files.remove(k)
+                    result.failed[k] = f"publish failed: {exc}"
+                return
+            now = time.time()
+            rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
+                             num_tokens=todo[k][0].num_tokens, raw_bytes=self.identity.page_size_bytes,
+                             stored_bytes=written[k][1], created_at=now, last_access_at=now)
+                     for k in admitted]
+            self.index.insert(rows)
+            result.stored.extend(admitted)
+
+    def _make_room(self, todo, written, result: PutResult) -> list[bytes]:
+        """Evict to fit the written pages under capacity and quotas; returns the keys that fit."""
+        admitted: list[bytes] = []
+        by_ns: dict[str, int] = {}
+        for k, (_, size) in written.items():
+            ns = todo[k][0].namespace
+            by_ns[ns] = by_ns.get(ns, 0) + size
+        rejected: set[str] = set()
+        for ns, need in by_ns.items():
+            quota = self.index.quota(ns)
+            if quota is not None and not self._fit(need, quota, ns):
+                rejected.add(ns)
+        total = sum(need for ns, need in by_ns.items() if ns not in rejected)
+        if self.capacity_bytes is not None and total and not self._fit(total, self.capacity_bytes, None):
+            rejected.update(by_ns)
+        for k, (tmp, _) in written.items():
+            ns = todo[k][0].namespace
+            if ns in rejected:
+                self.files.discard_temp(tmp)
+                why = "namespace quota" if self.index.quota(ns) is not None else "capacity"
+                result.failed[k] = f"no room within the {why} (remaining chunks are pinned or too few)"
+            else:
+                admitted.append(k)
+        return admitted
+
+    def _fit(self, need: int, limit: int, namespace: str | None) -> bool:
+        if need > limit:
+            return False
+        excess = self.index.stored_bytes(namespace) + need - limit
+        if excess > 0:
+            self._evict_locked(excess, namespace)
+        return self.index.stored_bytes(namespace) + need <= limit
+
+    # -- get / exists ----------------------------------------------------------------------
+
+    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored (index only; no file is opened)."""
+        present = self.index.present(keys)
+        return [k in present for k in keys]
+
+    def longest_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many leading keys of a chain are stored."""
+        present = self.index.present(keys)
+        n = 0
+        for k in keys:
+            if k not in present:
+                break
+            n += 1
+        return n
+
+    def get(self, pages: Sequence[PageRef]) -> list[torch.Tensor | None]:
+        """Load pages; each is a verified tensor of ``identity.page_shape``, or None for a miss."""
+        outs = [torch.empty(self.identity.page_shape, dtype=self.torch_dtype) for _ in pages]
+        ok = self.get_into(pages, outs)
+        return [t if hit else None for t, hit in zip(outs, ok)]
+
+    def get_into(self, pages: Sequence[PageRef], outs: Sequence[torch.Tensor]) -> list[bool]:
+        """Load pages into caller-provided tensors (e.g. host pool slots); returns hit per page.
+
+        A destination whose page missed holds unspecified bytes. Missing files drop their row;
+        corrupt files are quarantined. Never raises for a bad file.
+        """
+        if len(pages) != len(outs):
+            raise ValueError(f"{len(pages)} pages but {len(outs)} destinations")
+        for out in outs:
+            if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
+                raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
+        present = self.index.present([p.key for p in pages])
+        futures = [self._pool.submit(self._load_one, p, o) if p.key in present else None
+                   for p, o in zip(pages, outs)]
+        hits: list[bool] = []
+        missing: list[PageRef] = []
+        corrupt: list[tuple[PageRef, str]] = []
+        for p, fut in zip(pages, futures):
+            status = "absent" if fut is None else fut.result()
+            hits.append(status == "ok")
+            if status == "missing":
+                missing.append(p)
+            elif status not in ("ok", "absent"):
+                corrupt.append((p, status))
+        hit_pages = [p for p, h in zip(pages, hits) if h]
+        self.index.touch(p.key for p in hit_pages)
+        for p, h in zip(pages, hits):
+            self.index.count_event(p.namespace, "hits" if h else "misses")
+        if missing and not self.read_only:
+            self.index.delete([p.key for p in missing])
+        for p, why in corrupt:
+            self._quarantine(p.key, p.namespace, why)
+        return hits
+
+    def _load_one(self, page: PageRef, out: torch.Tensor) -> str:
+        """'ok', 'missing', or the reason the file is corrupt."""
+        try:
+            data = self.files.read(page.key, self._max_file_bytes)
+        except FileNotFoundError:
+            return "missing"
+        except OSError as exc:
+            return f"unreadable: {exc}"
+        try:
+            if out.device.type == "cpu" and out.is_contiguous():
+                header, _ = decode_chunk(data, page_tensor_bytes(out), self.identity.kv_dtype,
+                                         self.identity.page_shape)
+            else:
+                tmp = torch.empty(self.identity.page_shape, dtype=self.torch_dtype)
+                header, _ = decode_chunk(data, page_tensor_bytes(tmp), self.identity.kv_dtype,
+                                         self.identity.page_shape)
+                out.copy_(tmp)
+            self._check_identity_of(header, page)
+        except CorruptChunkError as exc:
+            return str(exc) or "corrupt"
+        return "ok"
+
+    @staticmethod
+    def _check_identity_of(header: ChunkHeader, page: PageRef) -> None:
+        if header.key != page.key:
+            raise CorruptChunkError("file holds another key")
+        if header.parent_key != page.parent_key:
+            raise CorruptChunkError("parent key differs from the one asked for")
+        if header.token_ids != tuple(page.token_ids):
+            raise CorruptChunkError("token ids differ from the ones asked for")
+        if header.namespace != page.namespace:
+            raise CorruptChunkError("namespace differs from the one asked for")
+
+    def _quarantine(self, key: bytes, namespace: str, why: str) -> None:
+        if self.read_only:
+            log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
+            return
+        with self.index.write_lock:
+            self.index.delete([key])
+            moved = self.files.quarantine(key)
+        if moved is not None:
+            self.index.count_event(namespace, "quarantined")
+            log.warning("quarantined chunk %s (%s) to %s", key.hex(), why, moved)
+
+    # -- eviction, pins, quotas ------------------------------------------------------------
+
+    def evict(self, bytes_to_free: int, namespace: str | None = None) -> EvictResult:
+        """Evict least recently used, leaf-first, unpinned chunks until ``bytes_to_free`` stored
+        bytes are gone or nothing evictable is left. Takes the writer lock."""
+        if self.read_only:
+            raise PermissionError("store opened read-only")
+        with self.index.write_lock:
+            return self._evict_locked(bytes_to_free, namespace)
+
+    def _evict_locked(self, bytes_to_free: int, namespace: str | None) -> EvictResult:
+        freed = 0
+        keys: list[bytes] = []
+        while freed < bytes_to_free:
+            batch: list[Victim] = []
+            for v in self.index.victims(_EVICT_BATCH, namespace):
+                if freed >= bytes_to_free:
+                    break
+                batch.append(v)
+                freed += v.stored_bytes
+            if not batch:
+                break
+            self._drop(batch)
+            keys.extend(v.key for v in batch)
+        return EvictResult(len(keys), freed, tuple(keys))
+
+    def _drop(self, victims: Sequence[Victim]) -> None:
+        self.index.delete([v.key for v in victims])  # row first, then the file
+        for v in victims:
+            self.files.remove(v.key)
+            self.index.count_event(v.namespace, "evictions")
+
+    def delete_namespace(self, namespace: str) -> EvictResult:
+        """Delete every chunk of ``namespace``, pinned ones included."""
+        if self.read_only:
+            raise PermissionError("store opened read-only")
+        n = freed = 0
+        with self.index.write_lock:
+            while batch := self.index.keys_in_namespace(namespace, 1000):
+                self._drop(batch)
+                n += len(batch)
+                freed += sum(v.stored_bytes for v in batch)
+        return EvictResult(n, freed)
+
+    def pin(self, keys: Sequence[bytes]) -> int:
+        return self.index.set_pinned(keys, True)
+
+    def unpin(self, keys: Sequence[bytes]) -> int:
+        return self.index.set_pinned(keys, False)
+
+    def set_quota(self, namespace: str, quota_bytes: int | None) -> None:
+        """Bound the stored bytes of ``namespace`` (None removes the quota). Takes effect on the
+        next put into that namespace, which evicts within it to fit."""
+        if quota_bytes is not None and quota_bytes < 0:
+            raise ValueError("quota_bytes must be >= 0")
+        self.index.set_quota(namespace, quota_bytes)
+
+    def flush(self) -> None:
+        """Write buffered access times and counters to the index."""
+        self.index.flush()
+
+    # -- stats -----------------------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        counts = self.index.counter_values()
+        per_ns = []
+        usage = {u.namespace: u for u in self.index.usage()}
+        names = set(usage) | {ns for ns, _ in counts}
+        for ns in sorted(names):
+            u = usage.get(ns)
+            c = {name: counts.get((ns, name), 0) for name in _COUNTER_NAMES}
+            per_ns.append(NamespaceStats(
+                namespace=ns, num_chunks=u.num_chunks if u else 0, raw_bytes=u.raw_bytes if u else 0,
+                stored_bytes=u.stored_bytes if u else 0, quota_bytes=u.quota_bytes if u else None,
+                hits=c["hits"], misses=c["misses"], dedup_hits=c["dedup_hits"], evictions=c["evictions"],
+                quarantined=c["quarantined"],
+            ))
+        total = {name: sum(v for (_, n), v in counts.items() if n == name) for name in _COUNTER_NAMES}
+        raw = sum(n.raw_bytes for n in per_ns)
+        stored = sum(n.stored_bytes for n in per_ns)
+        return StoreStats(
+            num_chunks=sum(n.num_chunks for n in per_ns), raw_bytes=raw, stored_bytes=stored,
+            capacity_bytes=self.capacity_bytes, compression_ratio=raw / stored if stored else 1.0,
+            hits=total["hits"], misses=total["misses"], dedup_hits=total["dedup_hits"],
+            evictions=total["evictions"], quarantined=total["quarantined"],
+            write_errors=total["write_errors"], namespaces=tuple(per_ns),
+        )
