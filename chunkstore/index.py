@@ -46,6 +46,8 @@ class Victim:
     namespace: str
     stored_bytes: int
     raw_bytes: int
+    last_access_at: float = 0.0
+    parent_last_access_at: float | None = None  # None: the parent is not stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +182,9 @@ class ChunkIndex:
         self.flush()
         ns_clause = "AND c.namespace = :ns" if namespace is not None else ""
         sql = text(
-            f"""SELECT c.key, c.namespace, c.stored_bytes, c.raw_bytes FROM chunks c
+            f"""SELECT c.key, c.namespace, c.stored_bytes, c.raw_bytes, c.last_access_at,
+                       p.last_access_at
+                FROM chunks c LEFT JOIN chunks p ON p.key = c.parent_key
                 WHERE c.pinned = 0 {ns_clause}
                   AND NOT EXISTS (SELECT 1 FROM chunks ch WHERE ch.parent_key = c.key)
                 ORDER BY c.last_access_at LIMIT :limit"""

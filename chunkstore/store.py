@@ -453,11 +453,16 @@ class ChunkStore:
         keys: list[bytes] = []
         while freed < bytes_to_free:
             batch: list[Victim] = []
+            # Dropping a leaf can make its parent a leaf older than the rest of this batch: stop
+            # the batch there and ask again, so the order stays exactly least-recently-used.
+            horizon = float("inf")
             for v in self.index.victims(_EVICT_BATCH, namespace):
-                if freed >= bytes_to_free:
+                if freed >= bytes_to_free or v.last_access_at > horizon:
                     break
                 batch.append(v)
                 freed += v.stored_bytes
+                if v.parent_last_access_at is not None:
+                    horizon = min(horizon, v.parent_last_access_at)
             if not batch:
                 break
             self._drop(batch)

@@ -1,0 +1,187 @@
+"""Offline care of a store: verify (and repair), rebuild the index from chunk headers, gc.
+
+Invariants: verify without repair changes nothing; repair only removes rows whose file is
+missing, quarantines files that fail verification, and adopts valid files that have no row;
+rebuild indexes exactly the chunk files that verify. Each walks the store in bounded batches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+from chunkstore.chunkfile import ChunkHeader, decode_chunk
+from chunkstore.codec import CorruptChunkError
+from chunkstore.index import ChunkRow
+from chunkstore.store import ChunkStore
+
+Progress = Callable[[int], None]  # called with the number of items just done
+_BATCH = 64
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    checked: int = 0
+    ok: int = 0
+    corrupt: int = 0
+    missing: int = 0
+    quarantined: int = 0
+    rows_dropped: int = 0
+    orphans: int = 0
+    adopted: int = 0
+    temps_removed: int = 0
+
+
+@dataclass(slots=True)
+class RebuildReport:
+    scanned: int = 0
+    indexed: int = 0
+    quarantined: int = 0
+
+
+@dataclass(slots=True)
+class GcReport:
+    temps_removed: int = 0
+    evicted_chunks: int = 0
+    evicted_bytes: int = 0
+    quarantine_purged: int = 0
+
+
+def _chunked(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def check_file(store: ChunkStore, key: bytes) -> tuple[str, ChunkHeader | None, int]:
+    """('ok' | 'missing' | reason, header, file size) for the file of ``key``, fully verified."""
+    path = store.files.path_for(key)
+    try:
+        data = store.files.read(key, store._max_file_bytes)
+    except FileNotFoundError:
+        return "missing", None, 0
+    except OSError as exc:
+        return f"unreadable: {exc}", None, 0
+    try:
+        header, _ = decode_chunk(data, None, store.identity.kv_dtype, store.identity.page_shape)
+    except CorruptChunkError as exc:
+        return str(exc) or "corrupt", None, len(data)
+    if header.key != key:
+        return f"file {path.name} holds key {header.key.hex()}", None, len(data)
+    return "ok", header, len(data)
+
+
+def _row_from(header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
+    return ChunkRow(key=header.key, parent_key=header.parent_key, namespace=header.namespace,
+                    num_tokens=len(header.token_ids), raw_bytes=header.raw_size_bytes, stored_bytes=size,
+                    created_at=mtime, last_access_at=mtime)
+
+
+def _mtime(store: ChunkStore, key: bytes) -> float:
+    try:
+        return store.files.path_for(key).stat().st_mtime
+    except FileNotFoundError:
+        return time.time()
+
+
+def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = None) -> VerifyReport:
+    """Read and verify every indexed chunk; with ``repair`` also fix what is found (see module doc)."""
+    if repair and store.read_only:
+        raise PermissionError("repair needs the store opened for writing")
+    report = VerifyReport()
+    for rows in _chunked(store.index.iter_rows(), _BATCH):
+        results = list(store._pool.map(lambda r: check_file(store, r.key), rows))
+        missing: list[bytes] = []
+        for row, (status, header, _) in zip(rows, results):
+            report.checked += 1
+            if status == "ok" and header is not None and (
+                    header.parent_key, header.namespace) == (row.parent_key, row.namespace):
+                report.ok += 1
+            elif status == "missing":
+                report.missing += 1
+                missing.append(row.key)
+            else:
+                report.corrupt += 1
+                if repair:
+                    store._quarantine(row.key, row.namespace, status if status != "ok" else "row disagrees")
+                    report.quarantined += 1
+        if repair and missing:
+            report.rows_dropped += store.index.delete(missing)
+        if progress:
+            progress(len(rows))
+    if repair:
+        report.temps_removed = _remove_temps(store)
+        _adopt_orphans(store, report)
+    return report
+
+
+def _remove_temps(store: ChunkStore) -> int:
+    with store.index.write_lock:
+        return store.files.remove_temps()
+
+
+def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
+    keys = (k for k in map(store.files.key_from_path, store.files.iter_chunk_paths()) if k is not None)
+    for batch in _chunked(keys, _BATCH):
+        present = store.index.present(batch)
+        orphans = [k for k in batch if k not in present]
+        report.orphans += len(orphans)
+        results = list(store._pool.map(lambda k: check_file(store, k), orphans))
+        rows = []
+        for key, (status, header, size) in zip(orphans, results):
+            if status == "ok" and header is not None:
+                rows.append(_row_from(header, size, _mtime(store, key)))
+            elif status != "missing":
+                with store.index.write_lock:
+                    store.files.quarantine(key)
+                store.index.count_event(header.namespace if header else "default", "quarantined")
+                report.quarantined += 1
+        report.adopted += store.index.insert(rows)
+
+
+def count_chunk_files(store: ChunkStore) -> int:
+    return sum(1 for _ in store.files.iter_chunk_paths())
+
+
+def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildReport:
+    """Index every valid chunk file of a store whose index was just reset (see
+    ChunkStore(reset_index=True)); files that fail verification are quarantined."""
+    report = RebuildReport()
+    keys = (store.files.key_from_path(p) for p in store.files.iter_chunk_paths())
+    for batch in _chunked(keys, _BATCH):
+        results = list(store._pool.map(lambda k: check_file(store, k) if k else ("bad name", None, 0), batch))
+        rows = []
+        for key, (status, header, size) in zip(batch, results):
+            report.scanned += 1
+            if status == "ok" and header is not None:
+                rows.append(_row_from(header, size, _mtime(store, key)))
+            elif key is not None and status != "missing":
+                with store.index.write_lock:
+                    store.files.quarantine(key)
+                report.quarantined += 1
+        report.indexed += store.index.insert(rows)
+        if progress:
+            progress(len(batch))
+    return report
+
+
+def gc(store: ChunkStore, purge_quarantine: bool = False) -> GcReport:
+    """Remove leftover temp files, evict down to the capacity, optionally empty quarantine/, and
+    checkpoint the SQLite WAL."""
+    report = GcReport(temps_removed=_remove_temps(store))
+    if store.capacity_bytes is not None:
+        excess = store.index.stored_bytes() - store.capacity_bytes
+        if excess > 0:
+            result = store.evict(excess)
+            report.evicted_chunks, report.evicted_bytes = result.num_chunks, result.stored_bytes
+    if purge_quarantine:
+        for entry in os.scandir(store.files.quarantine_dir):
+            Path(entry.path).unlink(missing_ok=True)
+            report.quarantine_purged += 1
+    store.flush()
+    store.index.checkpoint()
+    return report
