@@ -22,6 +22,8 @@ FORMAT_VERSION = 1
 CHECKSUM_SIZE_BYTES = 16
 MAX_HEADER_BYTES = 1 << 20
 MAX_NDIM = 8
+MAX_RAW_BYTES = 1 << 32  # a page larger than this is corrupt whatever its header says
+MAX_NAMESPACE_BYTES = 1024
 _PREAMBLE = struct.Struct("<8sHI")  # magic, format version, header body length
 _SIZES = struct.Struct("<BQ")
 
@@ -53,7 +55,12 @@ class ChunkHeader:
 
 
 def encode_header(h: ChunkHeader) -> bytes:
+    """Raises ValueError for a header the reader would reject (the writer never makes one)."""
     ns = h.namespace.encode()
+    if len(ns) > MAX_NAMESPACE_BYTES:
+        raise ValueError(f"namespace of {len(ns)} bytes exceeds {MAX_NAMESPACE_BYTES}")
+    if not 0 < len(h.shape) <= MAX_NDIM or not all(0 < d < 2**32 for d in h.shape):
+        raise ValueError(f"shape {h.shape} is not 1-{MAX_NDIM} dimensions of 1 to 2**32-1")
     tokens = encode_tokens(h.token_ids)
     parts = [
         h.key, h.parent_key,
@@ -137,6 +144,8 @@ def decode_header(data: memoryview) -> tuple[ChunkHeader, int]:
         expected *= d
     if expected != raw_size:
         raise CorruptChunkError(f"raw size {raw_size} disagrees with shape {shape} of {dtype}")
+    if raw_size > MAX_RAW_BYTES:
+        raise CorruptChunkError(f"raw size {raw_size} exceeds {MAX_RAW_BYTES}")
     if page_key(parent, token_bytes) != key:
         raise CorruptChunkError("key is not the hash of parent key and tokens")
     header = ChunkHeader(

@@ -193,7 +193,7 @@ def decode_into(payload: memoryview, planes: tuple[Plane, ...], codec: Codec, it
             if declared != plane_size:
                 raise CorruptChunkError(f"zstd frame declares {declared} bytes, expected {plane_size}")
             try:
-                data = _decompressor().decompress(seg, max_output_size=plane_size)
+                data = _decompressor().decompress(seg, max_output_size=plane_size, allow_extra_data=False)
             except zstandard.ZstdError as exc:
                 raise CorruptChunkError(f"zstd frame does not decode: {exc}") from None
             if len(data) != plane_size:

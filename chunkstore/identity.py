@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 from dataclasses import dataclass
 
 # Codes are part of the on-disk format: never renumber, only append.
@@ -30,6 +31,7 @@ DTYPE_ITEMSIZE: dict[str, int] = {
 DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
 
 LAYOUT_VERSION = 1
+_INT_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "page_size", "layout_version", "tp_rank", "tp_size")
 
 
 class ModelMismatchError(ValueError):
@@ -55,12 +57,20 @@ class ModelIdentity:
     tp_size: int = 1
 
     def __post_init__(self) -> None:
-        if not self.model_id:
-            raise ValueError("model_id must not be empty")
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ValueError(f"model_id must be a non-empty string, got {self.model_id!r}")
         if self.kv_dtype not in DTYPE_CODES:
             raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of {sorted(DTYPE_CODES)}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            # int() would accept "16" and 16.5 and keep them; keys encode these fields as u64.
+            if isinstance(value, bool) or not hasattr(value, "__index__"):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            object.__setattr__(self, name, operator.index(value))  # numpy ints -> int, for JSON
+            if not 0 <= getattr(self, name) < 2**64:
+                raise ValueError(f"{name} must be in [0, 2**64), got {value}")
         for name in ("num_layers", "num_kv_heads", "head_dim", "page_size", "layout_version", "tp_size"):
-            if int(getattr(self, name)) <= 0:
+            if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank {self.tp_rank} must be in [0, tp_size={self.tp_size})")

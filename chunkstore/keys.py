@@ -9,6 +9,7 @@ tuples never hash the same bytes; keys are identical across processes and machin
 from __future__ import annotations
 
 import hashlib
+import operator
 import struct
 import sys
 from array import array
@@ -48,6 +49,8 @@ def _uint_field(tag: int, value: int) -> bytes:
 
 def encode_tokens(token_ids: Iterable[int]) -> bytes:
     """Token ids as little-endian uint32; raises ValueError for ids outside [0, 2**32)."""
+    if isinstance(token_ids, (bytes, bytearray, memoryview)):
+        token_ids = list(token_ids)  # array() would take these as raw machine words, not as ids
     try:
         arr = array("I", token_ids)
     except OverflowError as exc:
@@ -115,6 +118,9 @@ def chain_pages(
 ) -> list[PageRef]:
     """Keys for every full page of ``token_ids`` (a trailing partial page is ignored).
 
+    Raises ValueError for a token id of a full page outside [0, 2**32) and TypeError for one that
+    is not an integer (Python, numpy or torch integers are accepted).
+
     ``parent_key`` continues a chain (the key of the page before ``token_ids[0]``); by default the
     chain starts at the root of (identity, namespace).
     """
@@ -123,7 +129,8 @@ def chain_pages(
     tokens = list(token_ids)
     pages: list[PageRef] = []
     for start in range(0, len(tokens) - size + 1, size):
-        page_tokens = tuple(int(t) for t in tokens[start : start + size])
+        # operator.index, not int(): int(1.7) == 1 would give a float token the key of another id.
+        page_tokens = tuple(operator.index(t) for t in tokens[start : start + size])
         key = page_key(parent, encode_tokens(page_tokens))
         pages.append(PageRef(key=key, parent_key=parent, token_ids=page_tokens, namespace=namespace))
         parent = key

@@ -28,7 +28,7 @@ from chunkstore.codec import Codec, CorruptChunkError, encode
 from chunkstore.files import ChunkFiles, Durability
 from chunkstore.identity import ModelIdentity, ModelMismatchError
 from chunkstore.index import ChunkIndex, ChunkRow, Victim, db_files
-from chunkstore.keys import PageRef
+from chunkstore.keys import PageRef, encode_tokens, page_key
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,8 @@ class ChunkStore:
             raise ValueError(f"page dtype {tensor.dtype}, store holds {self.torch_dtype}")
         if tuple(tensor.shape) != self.identity.page_shape:
             raise ValueError(f"page shape {tuple(tensor.shape)}, expected {self.identity.page_shape}")
+        if page_key(page.parent_key, encode_tokens(page.token_ids)) != page.key:
+            raise ValueError(f"key {page.key.hex()} is not the hash of its parent key and tokens")
 
     def _encode_and_write(self, page: PageRef, tensor: torch.Tensor) -> tuple[Path, int]:
         raw = page_tensor_bytes(tensor)

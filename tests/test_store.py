@@ -256,3 +256,14 @@ def test_bad_arguments(tmp_path, identity):
         Codec.parse("lz4")
     with pytest.raises(FileNotFoundError):
         ChunkStore(tmp_path / "nothing", identity, read_only=True)
+
+
+def test_rejects_a_page_whose_key_is_not_its_hash(store, chain):
+    from chunkstore import PageRef
+
+    pages, tensors = chain
+    forged = PageRef(key=pages[1].key, parent_key=pages[0].parent_key, token_ids=pages[0].token_ids,
+                     namespace=pages[0].namespace)
+    with pytest.raises(ValueError, match="not the hash"):
+        store.put([forged], tensors[:1])
+    assert store.exists([pages[1].key]) == [False]
