@@ -9,6 +9,7 @@ heavy work runs in zstd and numpy, which release the GIL, so a thread pool scale
 from __future__ import annotations
 
 import enum
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import zstandard
 # longest minimum match keep zstd's fast strategy at level-1 ratio (~99% of the entropy bound,
 # measured on bf16 KV) while compressing about twice as fast as plain level 1.
 _KV_FAST_PARAMS = dict(
-    window_log=17, hash_log=10, chain_log=6, search_log=1, min_match=7, target_length=0,
+    window_log=17, hash_log=8, chain_log=6, search_log=1, min_match=7, target_length=0,
     strategy=zstandard.STRATEGY_FAST,
 )
 _PROBE_BYTES = 64 * 1024
@@ -142,9 +143,24 @@ def encode(raw: np.ndarray, itemsize: int, codec: Codec, level: int | None = Non
     if itemsize == 1:
         plane, seg = _compress_plane(raw, level, probe=True)
         return EncodedPayload((plane,), (seg,))
-    planes = np.ascontiguousarray(raw.reshape(-1, itemsize).T)  # one contiguous plane per byte
-    results = [_compress_plane(planes[i], level, probe=True) for i in range(itemsize)]
+    results = [_compress_plane(p, level, probe=True) for p in split_planes(raw, itemsize)]
     return EncodedPayload(tuple(p for p, _ in results), tuple(s for _, s in results))
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def split_planes(raw: np.ndarray, itemsize: int) -> list[np.ndarray]:
+    """One contiguous array per byte of the items (plane i holds byte i of every item)."""
+    if itemsize == 2 and _LITTLE_ENDIAN:  # shifts and masks beat a strided transpose by ~2x
+        words = raw.view(np.uint16)
+        lo = np.empty(words.size, dtype=np.uint8)
+        hi = np.empty(words.size, dtype=np.uint8)
+        np.bitwise_and(words, 0xFF, out=lo, casting="unsafe")
+        np.right_shift(words, 8, out=hi, casting="unsafe")
+        return [lo, hi]
+    grid = np.ascontiguousarray(raw.reshape(-1, itemsize).T)
+    return [grid[i] for i in range(itemsize)]
 
 
 def check_planes(planes: tuple[Plane, ...], codec: Codec, itemsize: int, raw_size_bytes: int,
@@ -178,28 +194,40 @@ def decode_into(payload: memoryview, planes: tuple[Plane, ...], codec: Codec, it
     """
     n = len(planes)
     plane_size = out.nbytes // n
-    grid = out.reshape(-1, n) if n > 1 else None
-    offset = 0
-    for i, p in enumerate(planes):
-        seg = payload[offset : offset + p.stored_size_bytes]
-        offset += p.stored_size_bytes
-        if p.codec is PlaneCodec.RAW:
-            src = np.frombuffer(seg, dtype=np.uint8)
-        else:
-            try:
-                declared = zstandard.frame_content_size(seg)
-            except zstandard.ZstdError as exc:
-                raise CorruptChunkError(f"bad zstd frame: {exc}") from None
-            if declared != plane_size:
-                raise CorruptChunkError(f"zstd frame declares {declared} bytes, expected {plane_size}")
-            try:
-                data = _decompressor().decompress(seg, max_output_size=plane_size, allow_extra_data=False)
-            except zstandard.ZstdError as exc:
-                raise CorruptChunkError(f"zstd frame does not decode: {exc}") from None
-            if len(data) != plane_size:
-                raise CorruptChunkError("zstd frame decoded to the wrong size")
-            src = np.frombuffer(data, dtype=np.uint8)
-        if grid is None:
-            out[:] = src
-        else:
+    sources = [_plane_source(seg, p, plane_size) for seg, p in zip(_segments(payload, planes), planes)]
+    if n == 1:
+        out[:] = sources[0]
+    elif n == 2 and _LITTLE_ENDIAN:  # out = hi << 8 | lo, in two vector passes
+        words = out.view(np.uint16)
+        np.left_shift(sources[1], 8, out=words, dtype=np.uint16)
+        np.bitwise_or(words, sources[0], out=words)
+    else:
+        grid = out.reshape(-1, n)
+        for i, src in enumerate(sources):
             grid[:, i] = src
+
+
+def _segments(payload: memoryview, planes: tuple[Plane, ...]) -> list[memoryview]:
+    out, offset = [], 0
+    for p in planes:
+        out.append(payload[offset : offset + p.stored_size_bytes])
+        offset += p.stored_size_bytes
+    return out
+
+
+def _plane_source(seg: memoryview, p: Plane, plane_size: int) -> np.ndarray:
+    if p.codec is PlaneCodec.RAW:
+        return np.frombuffer(seg, dtype=np.uint8)
+    try:
+        declared = zstandard.frame_content_size(seg)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunkError(f"bad zstd frame: {exc}") from None
+    if declared != plane_size:
+        raise CorruptChunkError(f"zstd frame declares {declared} bytes, expected {plane_size}")
+    try:
+        data = _decompressor().decompress(seg, max_output_size=plane_size, allow_extra_data=False)
+    except zstandard.ZstdError as exc:
+        raise CorruptChunkError(f"zstd frame does not decode: {exc}") from None
+    if len(data) != plane_size:
+        raise CorruptChunkError("zstd frame decoded to the wrong size")
+    return np.frombuffer(data, dtype=np.uint8)

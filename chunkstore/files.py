@@ -106,10 +106,14 @@ class ChunkFiles:
         if s in self._made_dirs:
             return
         if not folder.is_dir():
-            folder.mkdir(parents=True, exist_ok=True)
+            top = folder.parent
+            if not top.is_dir():
+                top.mkdir(exist_ok=True)
+                if self.durability is Durability.FSYNC:
+                    _fsync_dir(top.parent)
+            folder.mkdir(exist_ok=True)
             if self.durability is Durability.FSYNC:
-                _fsync_dir(folder.parent)
-                _fsync_dir(folder.parent.parent)
+                _fsync_dir(top)
         self._made_dirs.add(s)
 
     def discard_temp(self, tmp: Path) -> None:

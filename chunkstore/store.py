@@ -111,6 +111,10 @@ def page_tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.uint8).reshape(-1).numpy()
 
 
+def default_num_workers() -> int:
+    return max(4, 2 * (os.cpu_count() or 2))
+
+
 def read_identity(root: Path) -> ModelIdentity | None:
     path = Path(root) / STORE_FILENAME
     if not path.is_file():
@@ -176,7 +180,10 @@ class ChunkStore:
         except BaseException:
             self._release_writer_lock()
             raise
-        self._pool = ThreadPoolExecutor(max_workers=num_workers or os.cpu_count() or 2,
+        # More threads than cores: each worker reads then decodes, so with one per core the disk
+        # would idle while every worker decodes.
+        self.num_workers = num_workers or default_num_workers()
+        self._pool = ThreadPoolExecutor(max_workers=self.num_workers,
                                         thread_name_prefix="chunkstore-io")
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -1,0 +1,234 @@
+"""Corrupt chunk files on a real store: every kind is a miss on read, moved to quarantine/ once,
+counted, logged once, and never disturbs the other chunks; verify finds each one without
+changing anything, and verify(repair=True) quarantines it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from chunkstore import ChunkStore, chain_pages
+from chunkstore.chunkfile import decode_header, encode_header, make_header
+from chunkstore.codec import encode
+from chunkstore.keys import PageRef, encode_tokens, page_key
+from chunkstore.maintenance import verify
+from chunkstore.store import page_tensor_bytes
+from tests.conftest import kv_pages, same_bytes
+
+VICTIM = 3  # a page in the middle of the chain: corrupting it must not hide its neighbours
+
+
+@pytest.fixture
+def filled(store, identity):
+    pages = chain_pages(identity, list(range(identity.page_size * 6)))
+    tensors = kv_pages(identity, len(pages), seed=1)
+    assert store.put(pages, tensors).ok
+    other = chain_pages(identity, [7] * identity.page_size * 2, namespace="other")
+    assert store.put(other, kv_pages(identity, 2, seed=2)).ok
+    return store, pages, tensors
+
+
+def _payload_offset(data: bytes) -> int:
+    return decode_header(memoryview(data))[1]
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _chunk_bytes(store: ChunkStore, key: bytes, parent: bytes, tokens: tuple[int, ...], namespace: str,
+                 tensor: torch.Tensor) -> bytes:
+    """A chunk file written exactly as the store writes one, but for whatever header fields we like."""
+    ident = store.identity
+    raw = page_tensor_bytes(tensor)
+    payload = encode(raw, ident.itemsize, store.codec)
+    header = make_header(key, parent, namespace, tokens, ident.kv_dtype, ident.page_shape, store.codec, raw,
+                         payload)
+    return encode_header(header) + b"".join(bytes(s) for s in payload.segments)
+
+
+# Each corruption gets (store, pages, tensors) and damages the file of pages[VICTIM].
+Corruption = Callable[[ChunkStore, list[PageRef], list[torch.Tensor]], None]
+
+
+def _header_flip(at: Callable[[int], int]) -> Corruption:
+    def corrupt(store, pages, tensors):
+        path = store.files.path_for(pages[VICTIM].key)
+        _flip(path, at(_payload_offset(path.read_bytes())))
+    return corrupt
+
+
+def _payload_flip(fraction: float) -> Corruption:
+    def corrupt(store, pages, tensors):
+        path = store.files.path_for(pages[VICTIM].key)
+        data = path.read_bytes()
+        start = _payload_offset(data)
+        _flip(path, min(len(data) - 1, start + int((len(data) - start) * fraction)))
+    return corrupt
+
+
+def _truncate(keep: Callable[[int, int], int]) -> Corruption:
+    def corrupt(store, pages, tensors):
+        path = store.files.path_for(pages[VICTIM].key)
+        data = path.read_bytes()
+        path.write_bytes(data[: keep(len(data), _payload_offset(data))])
+    return corrupt
+
+
+def _swapped(store, pages, tensors):
+    shutil.copyfile(store.files.path_for(pages[VICTIM + 1].key), store.files.path_for(pages[VICTIM].key))
+
+
+def _forged(field: str) -> Corruption:
+    """A header that passes its own checksum but lies about the page."""
+    def corrupt(store, pages, tensors):
+        v = pages[VICTIM]
+        other_parent = pages[0].key
+        other_tokens = tuple(t + 1 for t in v.token_ids)
+        key, parent, tokens, ns = v.key, v.parent_key, v.token_ids, v.namespace
+        if field == "tokens":  # the victim's key, other tokens
+            tokens = other_tokens
+        elif field == "parent":  # the victim's key, another parent
+            parent = other_parent
+        elif field == "namespace":  # right key, parent and tokens; another namespace
+            ns = "other"
+        elif field == "consistent":  # a fully consistent chunk of other tokens under another parent
+            parent, tokens = other_parent, other_tokens
+            key = page_key(parent, encode_tokens(tokens))
+        store.files.path_for(v.key).write_bytes(_chunk_bytes(store, key, parent, tokens, ns, tensors[VICTIM]))
+    return corrupt
+
+
+def _oversized(store, pages, tensors):
+    path = store.files.path_for(pages[VICTIM].key)
+    with open(path, "ab") as f:
+        f.truncate(store._max_file_bytes + 1)  # sparse: large without costing disk
+
+
+def _trailing(store, pages, tensors):
+    with open(store.files.path_for(pages[VICTIM].key), "ab") as f:
+        f.write(b"\0" * 100)
+
+
+def _garbage(store, pages, tensors):
+    path = store.files.path_for(pages[VICTIM].key)
+    path.write_bytes(os.urandom(path.stat().st_size))
+
+
+CORRUPTIONS: dict[str, Corruption] = {
+    "header-magic": _header_flip(lambda end: 0),
+    "header-version": _header_flip(lambda end: 8),
+    "header-length": _header_flip(lambda end: 10),
+    "header-key": _header_flip(lambda end: 20),
+    "header-tokens": _header_flip(lambda end: end - 60),
+    "header-checksum": _header_flip(lambda end: end - 1),
+    "payload-first": _payload_flip(0.0),
+    "payload-middle": _payload_flip(0.5),
+    "payload-last": _payload_flip(1.0),
+    "truncated-by-one": _truncate(lambda n, end: n - 1),
+    "truncated-at-header": _truncate(lambda n, end: end),
+    "truncated-in-header": _truncate(lambda n, end: 10),
+    "empty": _truncate(lambda n, end: 0),
+    "swapped": _swapped,
+    "forged-tokens": _forged("tokens"),
+    "forged-parent": _forged("parent"),
+    "forged-namespace": _forged("namespace"),
+    "forged-other-key": _forged("consistent"),
+    "oversized": _oversized,
+    "trailing-bytes": _trailing,
+    "garbage": _garbage,
+}
+
+
+def _warnings_about(caplog, key: bytes) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING and key.hex() in r.getMessage()]
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_corrupt_file_is_a_miss_and_quarantined(filled, kind, caplog):
+    store, pages, tensors = filled
+    victim = pages[VICTIM]
+    CORRUPTIONS[kind](store, pages, tensors)
+    before = store.stats()
+    with caplog.at_level(logging.WARNING):
+        got = store.get(pages)
+        again = store.get([victim])  # now a plain miss: no second quarantine, no second warning
+    assert got[VICTIM] is None and again == [None]
+    for i, (t, want) in enumerate(zip(got, tensors)):
+        if i != VICTIM:
+            assert t is not None and same_bytes(t, want), f"page {i} lost with the corrupt one"
+    assert store.exists([victim.key]) == [False]
+    assert not store.files.path_for(victim.key).exists()
+    moved = list(store.files.quarantine_dir.iterdir())
+    assert [p.name.startswith(victim.key.hex()) for p in moved] == [True]
+    after = store.stats()
+    assert after.quarantined == before.quarantined + 1
+    assert after.num_chunks == before.num_chunks - 1
+    assert len(_warnings_about(caplog, victim.key)) == 1
+    # the prefix up to the hole is still served
+    assert store.longest_prefix([p.key for p in pages]) == VICTIM
+
+
+@pytest.mark.parametrize("kind", ["payload-middle", "swapped", "forged-other-key", "garbage"])
+def test_corrupt_file_is_a_miss_for_get_into(filled, kind):
+    store, pages, tensors = filled
+    CORRUPTIONS[kind](store, pages, tensors)
+    outs = [torch.zeros(store.identity.page_shape, dtype=store.torch_dtype) for _ in pages]
+    hits = store.get_into(pages, outs)
+    assert hits == [i != VICTIM for i in range(len(pages))]
+    assert all(same_bytes(o, t) for o, t, h in zip(outs, tensors, hits) if h)
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_verify_reports_without_changing_anything(filled, kind):
+    store, pages, tensors = filled
+    CORRUPTIONS[kind](store, pages, tensors)
+    path = store.files.path_for(pages[VICTIM].key)
+    damaged = path.read_bytes()
+    before = store.stats()
+    report = verify(store)
+    assert (report.checked, report.ok, report.corrupt, report.missing) == (8, 7, 1, 0)
+    assert report.quarantined == report.rows_dropped == report.adopted == 0
+    assert path.read_bytes() == damaged
+    assert store.exists([pages[VICTIM].key]) == [True]
+    assert list(store.files.quarantine_dir.iterdir()) == []
+    after = store.stats()
+    assert (after.num_chunks, after.quarantined) == (before.num_chunks, before.quarantined)
+
+
+@pytest.mark.parametrize("kind", list(CORRUPTIONS))
+def test_verify_repair_quarantines(filled, kind, caplog):
+    store, pages, tensors = filled
+    CORRUPTIONS[kind](store, pages, tensors)
+    victim = pages[VICTIM]
+    with caplog.at_level(logging.WARNING):
+        report = verify(store, repair=True)
+    assert (report.corrupt, report.quarantined) == (1, 1)
+    assert store.exists([victim.key]) == [False]
+    assert not store.files.path_for(victim.key).exists()
+    assert [p.name.startswith(victim.key.hex()) for p in store.files.quarantine_dir.iterdir()] == [True]
+    assert store.stats().quarantined == 1
+    assert len(_warnings_about(caplog, victim.key)) == 1
+    got = store.get(pages)
+    assert [t is None for t in got] == [i == VICTIM for i in range(len(pages))]
+    clean = verify(store)
+    assert (clean.corrupt, clean.missing, clean.ok) == (0, 0, 7)
+
+
+def test_read_only_store_leaves_the_corrupt_file_in_place(filled, tmp_path, caplog):
+    store, pages, tensors = filled
+    CORRUPTIONS["payload-middle"](store, pages, tensors)
+    with ChunkStore(store.root, store.identity, read_only=True) as ro, caplog.at_level(logging.WARNING):
+        got = ro.get(pages)
+    assert got[VICTIM] is None
+    assert store.files.path_for(pages[VICTIM].key).exists()
+    assert list(store.files.quarantine_dir.iterdir()) == []
+    assert len(_warnings_about(caplog, pages[VICTIM].key)) == 1
