@@ -79,6 +79,7 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
 
     from chunkstore.files import Durability
     from chunkstore.identity import ModelMismatchError
+    from chunkstore.index import IndexMissingError
     from chunkstore.store import ChunkStore, StoreBusyError, read_identity
 
     root = Path(args.disk_path)
@@ -92,7 +93,7 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
     try:
         return ChunkStore(root, identity, capacity_bytes=capacity, read_only=not write,
                           durability=Durability.FSYNC, reset_index=reset_index)
-    except (StoreBusyError, ModelMismatchError, FileNotFoundError, PermissionError) as exc:
+    except (StoreBusyError, ModelMismatchError, IndexMissingError, FileNotFoundError, PermissionError) as exc:
         raise CliError(str(exc)) from None
     except DatabaseError as exc:
         raise CliError(f"the index of {root} is unreadable ({exc.orig}); "

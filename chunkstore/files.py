@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import itertools
 import os
 import threading
 import time
@@ -55,6 +56,7 @@ class ChunkFiles:
         self.durability = durability
         self._local = threading.local()
         self._made_dirs: set[str] = set()  # bounded by the 65,536 fan-out folders
+        self._temp_seq = itertools.count()  # next() on a count is atomic under the GIL
 
     def create_dirs(self) -> None:
         for d in (self.chunks_dir, self.tmp_dir, self.quarantine_dir):
@@ -68,8 +70,9 @@ class ChunkFiles:
 
     def write_temp(self, key: bytes, segments: Sequence[bytes | memoryview]) -> Path:
         """Write a complete temp file for ``key``; on any error remove it and re-raise."""
-        tmp = self.tmp_dir / f"{TMP_PREFIX}{key.hex()}-{os.getpid()}-{threading.get_ident()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Unique per call: two puts of one key must never share (and truncate) a temp file.
+        tmp = self.tmp_dir / f"{TMP_PREFIX}{key.hex()}-{os.getpid()}-{next(self._temp_seq)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             for seg in segments:
                 self._write_all(fd, memoryview(seg).cast("B"))
@@ -173,6 +176,14 @@ class ChunkFiles:
 
     def count_temps(self) -> int:
         return sum(1 for e in os.scandir(self.tmp_dir) if e.name.startswith(TMP_PREFIX))
+
+    def has_chunks(self) -> bool:
+        """Whether any fan-out folder exists (a cheap test: it lists only chunks/)."""
+        try:
+            with os.scandir(self.chunks_dir) as it:
+                return any(e.is_dir() for e in it)
+        except FileNotFoundError:
+            return False
 
     def iter_chunk_paths(self) -> Iterator[Path]:
         """Every chunk file in the fan-out tree (a full scan: for verify and rebuild only)."""

@@ -64,12 +64,23 @@ def db_files(root: Path) -> list[Path]:
     return [db, db.with_name(DB_FILENAME + "-wal"), db.with_name(DB_FILENAME + "-shm")]
 
 
+class IndexMissingError(RuntimeError):
+    """The SQLite index is gone while chunk files remain: `chunkstore rebuild` recreates it."""
+
+
 def _on_connect(dbapi_conn, _record) -> None:
+    # pysqlite's own transaction handling runs DDL outside transactions, so a crash in the first
+    # migration would leave half a schema; let SQLAlchemy's begin event issue BEGIN instead.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
+
+
+def _on_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN")
 
 
 def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
@@ -80,11 +91,16 @@ def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
 class ChunkIndex:
     """Rows of the chunk index; thread-safe. Writes are serialised by ``write_lock``."""
 
-    def __init__(self, root: Path, *, read_only: bool = False):
+    def __init__(self, root: Path, *, read_only: bool = False, must_exist: bool = False):
+        """Open (and migrate, unless ``read_only``) the index under ``root``. Raises
+        IndexMissingError when there is no index file and ``read_only`` or ``must_exist``."""
         self.path = Path(root) / DB_FILENAME
         self.read_only = read_only
+        if (read_only or must_exist) and not self.path.is_file():
+            raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path {root}`")
         self.engine: Engine = create_engine(f"sqlite:///{self.path}", pool_size=8, max_overflow=8)
         event.listen(self.engine, "connect", _on_connect)
+        event.listen(self.engine, "begin", _on_begin)
         self.write_lock = threading.RLock()
         self._pending_touch: dict[bytes, tuple[int, float]] = {}
         self._pending_counts: Counter[tuple[str, str]] = Counter()
@@ -177,10 +193,15 @@ class ChunkIndex:
                 values[k] = values.get(k, 0) + v
         return values
 
-    def victims(self, limit: int, namespace: str | None = None) -> list[Victim]:
-        """Least recently used unpinned leaves (no stored chunk extends them), oldest first."""
+    def victims(self, limit: int, namespace: str | None = None,
+                exclude: Iterable[bytes] = ()) -> list[Victim]:
+        """Least recently used unpinned leaves (no stored chunk extends them), oldest first,
+        leaving out the keys in ``exclude``."""
         self.flush()
         ns_clause = "AND c.namespace = :ns" if namespace is not None else ""
+        exclude = list(exclude)
+        if exclude:
+            ns_clause += " AND c.key NOT IN :exclude"
         sql = text(
             f"""SELECT c.key, c.namespace, c.stored_bytes, c.raw_bytes, c.last_access_at,
                        p.last_access_at
@@ -192,6 +213,9 @@ class ChunkIndex:
         params: dict = {"limit": limit}
         if namespace is not None:
             params["ns"] = namespace
+        if exclude:
+            sql = sql.bindparams(bindparam("exclude", expanding=True))
+            params["exclude"] = exclude
         with self.engine.connect() as conn:
             return [Victim(*r) for r in conn.execute(sql, params).all()]
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-from chunkstore.chunkfile import ChunkHeader, decode_chunk
-from chunkstore.codec import CorruptChunkError
+from chunkstore.chunkfile import ChunkHeader
 from chunkstore.index import ChunkRow
-from chunkstore.store import ChunkStore
+from chunkstore.store import STORE_WIDE, ChunkStore
 
 Progress = Callable[[int], None]  # called with the number of items just done
 _BATCH = 64
@@ -57,22 +56,11 @@ def _chunked(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
-def check_file(store: ChunkStore, key: bytes) -> tuple[str, ChunkHeader | None, int]:
-    """('ok' | 'missing' | reason, header, file size) for the file of ``key``, fully verified."""
-    path = store.files.path_for(key)
-    try:
-        data = store.files.read(key, store._max_file_bytes)
-    except FileNotFoundError:
-        return "missing", None, 0
-    except OSError as exc:
-        return f"unreadable: {exc}", None, 0
-    try:
-        header, _ = decode_chunk(data, None, store.identity.kv_dtype, store.identity.page_shape)
-    except CorruptChunkError as exc:
-        return str(exc) or "corrupt", None, len(data)
-    if header.key != key:
-        return f"file {path.name} holds key {header.key.hex()}", None, len(data)
-    return "ok", header, len(data)
+def check_file(store: ChunkStore, key: bytes, row: ChunkRow | None = None) -> tuple[str, ChunkHeader | None, int]:
+    """('ok' | 'missing' | reason, header, file size) for the file of ``key``, fully verified
+    (and, given its index ``row``, agreeing with it)."""
+    check = store.verify_file(key, row=row)
+    return check.status, check.header, check.size_bytes
 
 
 def _row_from(header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
@@ -94,23 +82,21 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
         raise PermissionError("repair needs the store opened for writing")
     report = VerifyReport()
     for rows in _chunked(store.index.iter_rows(), _BATCH):
-        results = list(store._pool.map(lambda r: check_file(store, r.key), rows))
+        results = list(store._pool.map(lambda r: check_file(store, r.key, r), rows))
         missing: list[bytes] = []
-        for row, (status, header, _) in zip(rows, results):
+        for row, (status, _, _) in zip(rows, results):
             report.checked += 1
-            if status == "ok" and header is not None and (
-                    header.parent_key, header.namespace) == (row.parent_key, row.namespace):
+            if status == "ok":
                 report.ok += 1
             elif status == "missing":
                 report.missing += 1
                 missing.append(row.key)
             else:
                 report.corrupt += 1
-                if repair:
-                    store._quarantine(row.key, row.namespace, status if status != "ok" else "row disagrees")
+                if repair and store._quarantine(row.key, row.namespace, status, row=row):
                     report.quarantined += 1
         if repair and missing:
-            report.rows_dropped += store.index.delete(missing)
+            report.rows_dropped += store._drop_missing(missing)
         if progress:
             progress(len(rows))
     if repair:
@@ -135,10 +121,7 @@ def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
         for key, (status, header, size) in zip(orphans, results):
             if status == "ok" and header is not None:
                 rows.append(_row_from(header, size, _mtime(store, key)))
-            elif status != "missing":
-                with store.index.write_lock:
-                    store.files.quarantine(key)
-                store.index.count_event(header.namespace if header else "default", "quarantined")
+            elif status != "missing" and store._quarantine(key, STORE_WIDE, status):
                 report.quarantined += 1
         report.adopted += store.index.insert(rows)
 
@@ -159,9 +142,7 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
             report.scanned += 1
             if status == "ok" and header is not None:
                 rows.append(_row_from(header, size, _mtime(store, key)))
-            elif key is not None and status != "missing":
-                with store.index.write_lock:
-                    store.files.quarantine(key)
+            elif key is not None and status != "missing" and store._quarantine(key, STORE_WIDE, status):
                 report.quarantined += 1
         report.indexed += store.index.insert(rows)
         if progress:

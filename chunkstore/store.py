@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sqlalchemy.exc import DBAPIError
 
 from chunkstore.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
 from chunkstore.codec import Codec, CorruptChunkError, encode
@@ -64,6 +65,13 @@ class PutResult:
 
 
 @dataclass(frozen=True, slots=True)
+class FileCheck:
+    status: str  # "ok", "missing", or why the file is corrupt
+    header: ChunkHeader | None = None
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class EvictResult:
     num_chunks: int
     stored_bytes: int
@@ -100,6 +108,7 @@ class StoreStats:
     namespaces: tuple[NamespaceStats, ...]
 
 
+STORE_WIDE = ""  # counter namespace for events that belong to no known namespace
 _COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors")
 
 
@@ -176,7 +185,10 @@ class ChunkStore:
                 if reset_index:  # the files stay; `maintenance.rebuild` re-indexes them
                     for f in db_files(self.root):
                         f.unlink(missing_ok=True)
-            self.index = ChunkIndex(self.root, read_only=read_only)
+            # A writer that finds chunk files but no index must not start an empty one (that
+            # would hide every chunk): it asks for `chunkstore rebuild` instead.
+            self.index = ChunkIndex(self.root, read_only=read_only,
+                                    must_exist=not reset_index and self.files.has_chunks())
         except BaseException:
             self._release_writer_lock()
             raise
@@ -297,53 +309,63 @@ class ChunkStore:
                 result.deduplicated.append(key)
                 self.index.count_event(todo[key][0].namespace, "dedup_hits")
             admitted = self._make_room(todo, written, result)
-            try:
-                self.files.publish([(written[k][0], k) for k in admitted])
-            except OSError as exc:
-                for k in admitted:
-                    self.files.discard_temp(written[k][0])
-                    self.files.remove(k)
-                    result.failed[k] = f"publish failed: {exc}"
+            if not admitted:
                 return
             now = time.time()
             rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
                              num_tokens=todo[k][0].num_tokens, raw_bytes=self.identity.page_size_bytes,
                              stored_bytes=written[k][1], created_at=now, last_access_at=now)
                      for k in admitted]
-            self.index.insert(rows)
+            try:
+                self.files.publish([(written[k][0], k) for k in admitted])
+                self.index.insert(rows)  # file first, then row
+            except (OSError, DBAPIError) as exc:
+                # Nothing of this batch may stay visible: no row was committed, so the files
+                # published (all new keys, checked under this lock) are removed again.
+                for k in admitted:
+                    self.files.discard_temp(written[k][0])
+                    self.files.remove(k)
+                    result.failed[k] = f"publish failed: {exc}"
+                    self.index.count_event(todo[k][0].namespace, "write_errors")
+                log.error("put of %d pages failed: %s", len(admitted), exc)
+                return
             result.stored.extend(admitted)
 
     def _make_room(self, todo, written, result: PutResult) -> list[bytes]:
-        """Evict to fit the written pages under capacity and quotas; returns the keys that fit."""
-        admitted: list[bytes] = []
+        """Evict to fit the written pages under quotas and capacity; returns the keys that fit.
+
+        The stored parents of the batch are never evicted for it: the new pages extend them.
+        """
+        protect = {todo[k][0].parent_key for k in written}
         by_ns: dict[str, int] = {}
         for k, (_, size) in written.items():
             ns = todo[k][0].namespace
             by_ns[ns] = by_ns.get(ns, 0) + size
-        rejected: set[str] = set()
+        rejected: dict[str, str] = {}
         for ns, need in by_ns.items():
             quota = self.index.quota(ns)
-            if quota is not None and not self._fit(need, quota, ns):
-                rejected.add(ns)
+            if quota is not None and not self._fit(need, quota, ns, protect):
+                rejected[ns] = f"namespace quota of {quota} bytes"
         total = sum(need for ns, need in by_ns.items() if ns not in rejected)
-        if self.capacity_bytes is not None and total and not self._fit(total, self.capacity_bytes, None):
-            rejected.update(by_ns)
+        if self.capacity_bytes is not None and total and not self._fit(total, self.capacity_bytes, None, protect):
+            for ns in by_ns:
+                rejected.setdefault(ns, f"capacity of {self.capacity_bytes} bytes")
+        admitted: list[bytes] = []
         for k, (tmp, _) in written.items():
             ns = todo[k][0].namespace
             if ns in rejected:
                 self.files.discard_temp(tmp)
-                why = "namespace quota" if self.index.quota(ns) is not None else "capacity"
-                result.failed[k] = f"no room within the {why} (remaining chunks are pinned or too few)"
+                result.failed[k] = f"no room within the {rejected[ns]} (the rest is pinned or in use)"
             else:
                 admitted.append(k)
         return admitted
 
-    def _fit(self, need: int, limit: int, namespace: str | None) -> bool:
+    def _fit(self, need: int, limit: int, namespace: str | None, protect: set[bytes]) -> bool:
         if need > limit:
             return False
         excess = self.index.stored_bytes(namespace) + need - limit
         if excess > 0:
-            self._evict_locked(excess, namespace)
+            self._evict_locked(excess, namespace, protect)
         return self.index.stored_bytes(namespace) + need <= limit
 
     # -- get / exists ----------------------------------------------------------------------
@@ -398,32 +420,42 @@ class ChunkStore:
         for p, h in zip(pages, hits):
             self.index.count_event(p.namespace, "hits" if h else "misses")
         if missing and not self.read_only:
-            self.index.delete([p.key for p in missing])
+            self._drop_missing([p.key for p in missing])
         for p, why in corrupt:
-            self._quarantine(p.key, p.namespace, why)
+            self._quarantine(p.key, p.namespace, why, p)
         return hits
 
     def _load_one(self, page: PageRef, out: torch.Tensor) -> str:
         """'ok', 'missing', or the reason the file is corrupt."""
+        if out.device.type == "cpu" and out.is_contiguous():
+            return self.verify_file(page.key, page, page_tensor_bytes(out)).status
+        tmp = torch.empty(self.identity.page_shape, dtype=self.torch_dtype)
+        status = self.verify_file(page.key, page, page_tensor_bytes(tmp)).status
+        if status == "ok":
+            out.copy_(tmp)
+        return status
+
+    def verify_file(self, key: bytes, page: PageRef | None = None, out: np.ndarray | None = None,
+                    row: ChunkRow | None = None) -> FileCheck:
+        """Fully verify the file of ``key`` (and, given ``page`` or ``row``, that it holds what they
+        say), decoding into ``out`` (a scratch buffer when None). Never raises for a bad file."""
         try:
-            data = self.files.read(page.key, self._max_file_bytes)
+            data = self.files.read(key, self._max_file_bytes)
         except FileNotFoundError:
-            return "missing"
+            return FileCheck("missing")
         except OSError as exc:
-            return f"unreadable: {exc}"
+            return FileCheck(f"unreadable: {exc}")
         try:
-            if out.device.type == "cpu" and out.is_contiguous():
-                header, _ = decode_chunk(data, page_tensor_bytes(out), self.identity.kv_dtype,
-                                         self.identity.page_shape)
-            else:
-                tmp = torch.empty(self.identity.page_shape, dtype=self.torch_dtype)
-                header, _ = decode_chunk(data, page_tensor_bytes(tmp), self.identity.kv_dtype,
-                                         self.identity.page_shape)
-                out.copy_(tmp)
-            self._check_identity_of(header, page)
+            header, _ = decode_chunk(data, out, self.identity.kv_dtype, self.identity.page_shape)
+            if header.key != key:
+                raise CorruptChunkError("file holds another key")
+            if page is not None:
+                self._check_identity_of(header, page)
+            if row is not None and (header.parent_key, header.namespace) != (row.parent_key, row.namespace):
+                raise CorruptChunkError("parent key or namespace differs from the index row")
         except CorruptChunkError as exc:
-            return str(exc) or "corrupt"
-        return "ok"
+            return FileCheck(str(exc) or "corrupt", None, len(data))
+        return FileCheck("ok", header, len(data))
 
     @staticmethod
     def _check_identity_of(header: ChunkHeader, page: PageRef) -> None:
@@ -436,16 +468,34 @@ class ChunkStore:
         if header.namespace != page.namespace:
             raise CorruptChunkError("namespace differs from the one asked for")
 
-    def _quarantine(self, key: bytes, namespace: str, why: str) -> None:
+    def _quarantine(self, key: bytes, namespace: str, why: str, page: PageRef | None = None,
+                    row: ChunkRow | None = None) -> bool:
+        """Move a file that failed verification aside and drop its row; returns whether it did.
+
+        Under the writer lock the file is checked again: a writer may have replaced it with a good
+        one since it was read (evict, then put), and that one must stay.
+        """
         if self.read_only:
             log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
-            return
+            return False
         with self.index.write_lock:
+            status = self.verify_file(key, page, row=row).status
+            if status == "ok":
+                return False
             self.index.delete([key])
             moved = self.files.quarantine(key)
-        if moved is not None:
-            self.index.count_event(namespace, "quarantined")
-            log.warning("quarantined chunk %s (%s) to %s", key.hex(), why, moved)
+        if moved is None:
+            return False
+        self.index.count_event(namespace, "quarantined")
+        log.warning("quarantined chunk %s (%s) to %s", key.hex(), why, moved)
+        return True
+
+    def _drop_missing(self, keys: Sequence[bytes]) -> int:
+        """Drop the rows of keys whose file is gone, checked again under the writer lock (the
+        chunk may have been stored again since the read found no file)."""
+        with self.index.write_lock:
+            gone = [k for k in keys if not self.files.path_for(k).exists()]
+            return self.index.delete(gone) if gone else 0
 
     # -- eviction, pins, quotas ------------------------------------------------------------
 
@@ -457,7 +507,8 @@ class ChunkStore:
         with self.index.write_lock:
             return self._evict_locked(bytes_to_free, namespace)
 
-    def _evict_locked(self, bytes_to_free: int, namespace: str | None) -> EvictResult:
+    def _evict_locked(self, bytes_to_free: int, namespace: str | None,
+                      protect: set[bytes] = frozenset()) -> EvictResult:
         freed = 0
         keys: list[bytes] = []
         while freed < bytes_to_free:
@@ -465,7 +516,7 @@ class ChunkStore:
             # Dropping a leaf can make its parent a leaf older than the rest of this batch: stop
             # the batch there and ask again, so the order stays exactly least-recently-used.
             horizon = float("inf")
-            for v in self.index.victims(_EVICT_BATCH, namespace):
+            for v in self.index.victims(_EVICT_BATCH, namespace, exclude=protect):
                 if freed >= bytes_to_free or v.last_access_at > horizon:
                     break
                 batch.append(v)
@@ -519,7 +570,7 @@ class ChunkStore:
         counts = self.index.counter_values()
         per_ns = []
         usage = {u.namespace: u for u in self.index.usage()}
-        names = set(usage) | {ns for ns, _ in counts}
+        names = (set(usage) | {ns for ns, _ in counts}) - {STORE_WIDE}
         for ns in sorted(names):
             u = usage.get(ns)
             c = {name: counts.get((ns, name), 0) for name in _COUNTER_NAMES}

@@ -27,7 +27,7 @@ def _open(path, **kw) -> ChunkStore:
     return ChunkStore(path, soak.SOAK_IDENTITY, durability=Durability.NONE, **kw)
 
 
-# (namespace, first page) subtrees of the soak key space; each writer thread owns some of them.
+# (namespace, first page) subtrees of the soak key space.
 SUBTREES = [(ns, d) for ns in soak.NAMESPACES for d in range(soak.BRANCHING)]
 
 
@@ -40,9 +40,7 @@ def _random_chain(rng: random.Random, subtrees=SUBTREES):
 def test_writers_and_readers_on_the_same_keys(tmp_path):
     """4 writers (put, evict, delete a namespace) and 4 readers (get, get_into, exists) on the same
     keys for a few seconds; capacity keeps eviction running. Every read is a miss or exactly the
-    page's bytes. Each writer puts its own subtrees (evictions and deletes hit everyone's): two
-    concurrent puts of one key hit the temp-name bug of test_concurrent_puts_of_one_key_...,
-    which would make this test flaky instead of failing it; share them once that is fixed."""
+    page's bytes, and writers race each other on the same keys too."""
     store = _open(tmp_path / "s", capacity_bytes=32 << 10, num_workers=4)
     expected = {p.key: soak.expected_page(p.key) for p in soak.all_pages()}
     deadline = time.monotonic() + RUN_S
@@ -60,7 +58,6 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
 
     @guarded
     def writer(i: int, rng: random.Random) -> None:
-        mine = SUBTREES[i::4]
         while time.monotonic() < deadline:
             r = rng.random()
             if r < 0.03:
@@ -70,7 +67,7 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
                 with lock:
                     counts["evictions"] += n
             else:
-                pages = _random_chain(rng, mine)
+                pages = _random_chain(rng)
                 result = store.put(pages, [expected[p.key] for p in pages])
                 if result.failed:
                     raise AssertionError(f"put failed: {result.failed}")
@@ -115,10 +112,6 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
         assert soak.check_store(again) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: ChunkStore.get_into drops the row of a key whose file it found missing without the writer "
-    "lock; if the chunk was evicted and stored again meanwhile, it deletes the new row and the new "
-    "file becomes an orphan (store.py get_into: `self.index.delete([p.key for p in missing])`)"))
 def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
     store = _open(tmp_path / "s", num_workers=2)
     page = soak.chain_for("default", (0,))[0]
@@ -147,10 +140,6 @@ def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: ChunkStore.get_into quarantines a key after reading a corrupt file without checking, "
-    "under the writer lock, that the file is still the one it read; if the chunk was evicted and "
-    "stored again meanwhile, the good new file is quarantined and its row deleted (store.py _quarantine)"))
 def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
     store = _open(tmp_path / "s", num_workers=2)
     page = soak.chain_for("default", (1,))[0]
@@ -180,13 +169,6 @@ def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_pa
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: temp file names tmp-<key>-<pid>-<thread ident> (files.py write_temp) collide when one pool "
-    "thread writes the same key for two concurrent put() calls: the second write truncates and "
-    "rewrites the first put's temp file, which the first put then publishes half-written behind a "
-    "committed row (a reader quarantines it); in other interleavings the second put's rename fails "
-    "with ENOENT ('publish failed') and its cleanup deletes the first put's published file, leaving "
-    "a row without a file"))
 def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
     store = _open(tmp_path / "s", num_workers=1)  # one pool thread: both temp writes run on it
     page = soak.chain_for("default", (2,))[0]

@@ -102,10 +102,6 @@ def test_killed_writer_leaves_temps_that_open_removes(tmp_path):
         assert all(soak.same_bytes(t, soak.expected_page(p.key)) for p, t in zip(pages, store.get(pages)))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: the first-open alembic migration is not atomic: pysqlite runs each CREATE outside a "
-    "transaction, so a kill mid-migration leaves a partial schema and every later open fails with "
-    "'table store_meta already exists' (index.py _on_connect / migrations.upgrade)"))
 def test_kill_during_first_migration(tmp_path):
     """A writer SIGKILLed while the first open creates the index: the next open must work."""
     path = tmp_path / "s"

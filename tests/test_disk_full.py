@@ -184,9 +184,6 @@ def test_failed_rename_on_publish(full, monkeypatch, fail_on_call):
     _assert_loads(store, new, new_t)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a failed publish (os.replace / folder fsync) is reported in PutResult.failed but not "
-    "counted in stats().write_errors (store.py _publish, except OSError branch)"))
 def test_failed_publish_counts_write_errors(full, monkeypatch):
     store, old, old_t, new, new_t = full
 
@@ -200,10 +197,6 @@ def test_failed_publish_counts_write_errors(full, monkeypatch):
     assert store.stats().write_errors == 4
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: when the index commit fails with SQLite's 'database or disk is full', put raises instead "
-    "of listing the pages in failed, and the just-published files stay as orphans (store.py _publish: "
-    "self.index.insert(rows) is outside any error handling)"))
 def test_index_full_on_insert(full):
     store, old, old_t, new, new_t = full
 
@@ -220,11 +213,6 @@ def test_index_full_on_insert(full):
     _assert_invisible(store, new)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: under capacity pressure put() may evict the stored prefix of the very chain it is "
-    "extending (the deduplicated parent is still a leaf while _make_room runs, before the new "
-    "child's row exists), so the new page is stored behind a hole and longest_prefix is 0 "
-    "(store.py _make_room/_fit: exclude the batch's own present keys from victims)"))
 def test_put_under_capacity_pressure_keeps_the_prefix_it_extends(tmp_path, identity):
     root = tmp_path / "s"
     full = chain_pages(identity, list(range(identity.page_size * 2)))

@@ -85,10 +85,6 @@ def test_stats_with_a_garbage_index_suggests_rebuild(saved, capsys):
     assert code == 2 and f"chunkstore rebuild --disk-path {root}" in err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: with index.db deleted, a read-only open (stats, verify) says 'not at the current schema; "
-    "run `chunkstore db upgrade`' - which would create an empty index and hide every chunk - "
-    "instead of suggesting `chunkstore rebuild` (ChunkIndex.__init__, read_only branch)"))
 def test_stats_with_a_deleted_index_suggests_rebuild(saved, capsys):
     root, _, _ = saved
     _lose_index(root, "deleted")
@@ -96,9 +92,6 @@ def test_stats_with_a_deleted_index_suggests_rebuild(saved, capsys):
     assert code == 2 and "rebuild" in err and "db upgrade" not in err
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a read-only open of a store whose index.db is gone creates index.db, -wal and -shm "
-    "(ChunkIndex.__init__ connects with a read-write sqlite URL even when read_only)"))
 def test_read_only_open_does_not_create_an_index(saved, capsys):
     root, _, _ = saved
     _lose_index(root, "deleted")

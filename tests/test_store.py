@@ -181,18 +181,31 @@ def test_namespaces_never_share_chunks(store, identity):
 
 def test_quota_evicts_within_the_namespace(store, identity):
     a = chain_pages(identity, list(range(16)), namespace="a")
-    b = chain_pages(identity, list(range(16)), namespace="b")
+    b_old = chain_pages(identity, list(range(8)), namespace="b")
+    b_new = chain_pages(identity, list(range(500, 508)), namespace="b")
     store.put(a, kv_pages(identity, 4, 1))
-    store.put(b[:2], kv_pages(identity, 2, 2))
+    store.put(b_old, kv_pages(identity, 2, 2))
     per_page = store.stats().stored_bytes // 6
     store.set_quota("b", int(per_page * 2.5))
-    r = store.put(b[2:], kv_pages(identity, 2, 3))
+    r = store.put(b_new, kv_pages(identity, 2, 3))
     assert r.ok
+    assert store.exists([p.key for p in b_old]) == [False, False]  # its leaf first, then its root
     usage = {n.namespace: n for n in store.stats().namespaces}
     assert usage["b"].stored_bytes <= usage["b"].quota_bytes
     assert usage["a"].num_chunks == 4  # the other namespace is untouched
     with pytest.raises(ValueError):
         store.set_quota("b", -1)
+
+
+def test_a_put_never_evicts_the_prefix_it_extends(store, identity):
+    b = chain_pages(identity, list(range(16)), namespace="b")
+    store.put(b[:2], kv_pages(identity, 2, 2))
+    per_page = store.stats().stored_bytes // 2
+    store.set_quota("b", int(per_page * 2.5))
+    r = store.put(b[2:], kv_pages(identity, 2, 3))  # would only fit behind a hole
+    assert set(r.failed) == {p.key for p in b[2:]} and "quota" in r.failed[b[2].key]
+    assert store.exists([p.key for p in b]) == [True, True, False, False]
+    assert store.files.count_temps() == 0
 
 
 def test_delete_namespace(store, identity):
