@@ -20,9 +20,10 @@ TINY = ["--size-mb", "16", "--index-rows", "20000", "--no-progress"]
 THROUGHPUTS = ("save_gbps", "load_gbps", "raw_write_gbps", "raw_read_gbps",
                "raw_write_1stream_gbps", "raw_read_1stream_gbps")
 RATIOS = ("save_vs_raw", "load_vs_raw", "ratio_vs_bound")
+OPTIONAL = ("raw_read_direct_gbps", "load_vs_raw_direct")  # None where there is no O_DIRECT
 LATENCIES = ("exists_128_ms", "exists_128_miss_ms", "open_first_lookup_s")
 CONFIG = ("size_mb", "num_pages", "page_shape", "page_size_bytes", "dtype", "kv_source", "codec",
-          "workers", "store_workers", "raw_workers", "batch_pages", "index_rows")
+          "workers", "read_threads", "batch_pages", "index_rows")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -46,10 +47,12 @@ def test_json_has_every_key_with_sane_values(kept):
         assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] > 0, key
     for key in CONFIG:
         assert key in r, key
+    for key in OPTIONAL:
+        assert r[key] is None or (isinstance(r[key], float) and r[key] > 0), key
     assert r["size_mb"] == 16 and r["num_pages"] == 8
     assert r["page_shape"] == [32, 2, 16, 8, 128] and r["page_size_bytes"] == 2 << 20
     assert r["dtype"] == "bfloat16" and r["kv_source"] == "synthetic" and r["codec"] == "zstd_split"
-    assert r["store_workers"] == r["raw_workers"] == r["workers"] >= 1
+    assert r["workers"] >= 1 and r["read_threads"] >= 1
     assert r["index_rows"] == 20000
     assert r["cold_method"] in ("drop_caches", "fadvise_dontneed", "none")
     assert r["raw_bytes"] == 8 * (2 << 20) and 0 < r["stored_bytes"] < r["raw_bytes"]

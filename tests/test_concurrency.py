@@ -120,7 +120,7 @@ def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
     real_read = store.files.read
     raced = []
 
-    def read_losing_the_race(key, max_size_bytes):
+    def read_losing_the_race(key, max_size_bytes, **kw):
         if key == page.key and not raced:
             raced.append(key)
             # Between this reader's index lookup and its open(): a writer evicts the chunk and
@@ -128,7 +128,7 @@ def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
             assert store.evict(1).keys == (page.key,)
             assert store.put([page], [want]).stored == [page.key]
             raise FileNotFoundError(key.hex())
-        return real_read(key, max_size_bytes)
+        return real_read(key, max_size_bytes, **kw)
 
     store.files.read = read_losing_the_race
     assert store.get([page]) == [None]  # losing the race may cost this read
@@ -150,8 +150,8 @@ def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_pa
     real_read = store.files.read
     raced = []
 
-    def read_then_race(key, max_size_bytes):
-        data = bytes(real_read(key, max_size_bytes))  # the corrupt file
+    def read_then_race(key, max_size_bytes, **kw):
+        data = bytes(real_read(key, max_size_bytes, **kw))  # the corrupt file
         if key == page.key and not raced:
             raced.append(key)
             assert store.evict(1).keys == (page.key,)  # a writer replaces it meanwhile

@@ -280,3 +280,32 @@ def test_rejects_a_page_whose_key_is_not_its_hash(store, chain):
     with pytest.raises(ValueError, match="not the hash"):
         store.put([forged], tensors[:1])
     assert store.exists([pages[1].key]) == [False]
+
+
+@pytest.mark.parametrize("direct_reads", [True, False])
+def test_direct_and_buffered_reads_agree(tmp_path, identity, chain, direct_reads):
+    pages, tensors = chain
+    with ChunkStore(tmp_path, identity) as s:
+        s.put(pages, tensors)
+    with ChunkStore(tmp_path, identity, direct_reads=direct_reads) as s:
+        assert all(same_bytes(g, t) for g, t in zip(s.get(pages), tensors))
+        # a truncated file is short whichever way it is read: a miss, quarantined
+        path = s.files.path_for(pages[2].key)
+        path.write_bytes(path.read_bytes()[:-1000])
+        assert s.get(pages[2:3]) == [None]
+        assert s.stats().quarantined == 1
+
+
+def test_a_short_direct_read_falls_back_to_a_buffered_one(tmp_path, identity, chain, monkeypatch):
+    import os as os_module
+
+    pages, tensors = chain
+    with ChunkStore(tmp_path, identity) as s:
+        s.put(pages, tensors)
+        if not s.files.direct_reads:
+            pytest.skip("this file system refuses O_DIRECT")
+        real_preadv = os_module.preadv
+        monkeypatch.setattr("chunkstore.files.os.preadv", lambda fd, bufs, off: min(1, real_preadv(fd, bufs, off)))
+        got = s.get(pages)
+        assert all(g is not None and same_bytes(g, t) for g, t in zip(got, tensors))
+        assert s.stats().quarantined == 0

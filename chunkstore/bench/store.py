@@ -14,7 +14,9 @@ import argparse
 import json
 import math
 import multiprocessing
+import mmap
 import os
+import threading
 import shutil
 import statistics
 import sys
@@ -200,6 +202,26 @@ def raw_read_into(path: Path, out: np.ndarray) -> None:
             got += n
 
 
+_direct_buffers = threading.local()
+
+
+def raw_read_direct_into(path: Path, out: np.ndarray) -> None:
+    """Read a whole plain file around the page cache (O_DIRECT, as the store reads) into ``out``."""
+    size = out.nbytes
+    aligned = (size + 4095) // 4096 * 4096
+    buf = getattr(_direct_buffers, "buf", None)
+    if buf is None or len(buf) < aligned:
+        buf = _direct_buffers.buf = mmap.mmap(-1, aligned)  # page-aligned, as O_DIRECT needs
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        got = os.preadv(fd, [memoryview(buf)[:aligned]], 0)
+    finally:
+        os.close(fd)
+    if got < size:
+        raise OSError(f"{path} is shorter than a page")
+    out[:] = np.frombuffer(buf, dtype=np.uint8, count=size)
+
+
 # -- the benchmark ---------------------------------------------------------------------------
 
 def _progress(cfg: StoreBenchConfig, total: int, desc: str, unit: str) -> tqdm:
@@ -242,6 +264,9 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
 
     store = ChunkStore(store_dir, identity, codec=cfg.codec, num_workers=workers)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-raw")
+    # Plain reads get as many threads as the store reads with (its I/O threads), for fairness.
+    read_threads = store.io_threads
+    reader_pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bench-raw-read")
     try:
         def put(b: range) -> None:
             result = store.put([refs[i] for i in b], [pages[i] for i in b])
@@ -274,14 +299,20 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
                 raise RuntimeError(f"the store missed {hits.count(False)} of {len(b)} pages it holds")
 
         def read_pool(b: range) -> None:
-            list(pool.map(lambda j: raw_read_into(raw_path["raw"][b[j]], dest_bytes[j]), range(len(b))))
+            list(reader_pool.map(lambda j: raw_read_into(raw_path["raw"][b[j]], dest_bytes[j]), range(len(b))))
 
         def read_1stream(b: range) -> None:
             for j, i in enumerate(b):
                 raw_read_into(raw_path["raw_1stream"][i], dest_bytes[j])
 
+        def read_direct(b: range) -> None:
+            list(reader_pool.map(lambda j: raw_read_direct_into(raw_path["raw"][b[j]], dest_bytes[j]),
+                                 range(len(b))))
+
         cold_method = make_cold([*_files_under(store_dir), *raw_path["raw"], *raw_path["raw_1stream"]])
         read_steps = [("store", get), ("raw", read_pool), ("raw_1stream", read_1stream)]
+        if hasattr(os, "O_DIRECT"):  # O_DIRECT reads the disk whatever the page cache holds
+            read_steps.append(("raw_direct", read_direct))
         with _progress(cfg, n, "read", "page") as bar:
             for k, b in enumerate(batches):
                 for name, step in _rotated(read_steps, k):
@@ -292,6 +323,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
                 bar.update(len(b))
     finally:
         pool.shutdown(wait=True)
+        reader_pool.shutdown(wait=True)
         store.close()
         for d in raw_dirs.values():
             shutil.rmtree(d, ignore_errors=True)
@@ -303,6 +335,8 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         "raw_read_gbps": reads.gbps("raw", logical),
         "raw_write_1stream_gbps": writes.gbps("raw_1stream", logical),
         "raw_read_1stream_gbps": reads.gbps("raw_1stream", logical),
+        # The best plain reader: the same threads, around the page cache like the store.
+        "raw_read_direct_gbps": reads.gbps("raw_direct", logical) if hasattr(os, "O_DIRECT") else None,
         # Process CPU (all threads) per logical GB: cores / cpu_s_per_gb bounds the GB/s, and a
         # busy shared machine slows a CPU-heavy path more than plain I/O.
         "save_cpu_s_per_gb": writes.cpu_s_per_gb("store", logical),
@@ -310,6 +344,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         "raw_write_cpu_s_per_gb": writes.cpu_s_per_gb("raw", logical),
         "raw_read_cpu_s_per_gb": reads.cpu_s_per_gb("raw", logical),
         "load_average_1m": load_average,
+        "read_threads": read_threads,
         "cold_method": cold_method,
         "raw_bytes": stats.raw_bytes,
         "stored_bytes": stats.stored_bytes,
@@ -448,14 +483,14 @@ def run_store_bench(cfg: StoreBenchConfig) -> dict:
         "seed": cfg.seed,
         "codec": (cfg.codec or Codec.default_for(identity.itemsize)).value,
         "batch_pages": cfg.batch_pages,
-        "workers": cfg.workers,
-        "store_workers": cfg.workers,
-        "raw_workers": cfg.workers,
+        "workers": cfg.workers,  # store compress/write threads = raw write threads
         **io,
         "plane_entropy_bits": entropies,
         "entropy_bound_ratio": bound,
         "save_vs_raw": io["save_gbps"] / io["raw_write_gbps"],
         "load_vs_raw": io["load_gbps"] / io["raw_read_gbps"],
+        "load_vs_raw_direct": (io["load_gbps"] / io["raw_read_direct_gbps"]
+                               if io["raw_read_direct_gbps"] else None),
         "ratio_vs_bound": io["compression_ratio"] / bound,
         **index,
         "phase_s": {name: round(sec, 3) for name, sec in phases.seconds.items()},
@@ -489,9 +524,12 @@ def format_table(r: dict) -> str:
         ("raw write GB/s, 1 stream", f"{r['raw_write_1stream_gbps']:.2f}", "", ""),
         ("save / raw write", f"{r['save_vs_raw']:.2f}", *verdict("save_vs_raw")),
         ("load GB/s (ChunkStore.get_into)", f"{r['load_gbps']:.2f}", "", ""),
-        (f"raw read GB/s, {w} threads", f"{r['raw_read_gbps']:.2f}", "", ""),
+        (f"raw read GB/s, {r['read_threads']} threads", f"{r['raw_read_gbps']:.2f}", "", ""),
         ("raw read GB/s, 1 stream", f"{r['raw_read_1stream_gbps']:.2f}", "", ""),
         ("load / raw read", f"{r['load_vs_raw']:.2f}", *verdict("load_vs_raw")),
+        *([(f"raw read GB/s, {r['read_threads']} threads, O_DIRECT", f"{r['raw_read_direct_gbps']:.2f}", "", ""),
+           ("load / raw O_DIRECT read", f"{r['load_vs_raw_direct']:.2f}", "", "")]
+          if r.get("raw_read_direct_gbps") else []),
         ("CPU s/GB: save / raw write", f"{r['save_cpu_s_per_gb']:.2f} / {r['raw_write_cpu_s_per_gb']:.2f}", "", ""),
         ("CPU s/GB: load / raw read", f"{r['load_cpu_s_per_gb']:.2f} / {r['raw_read_cpu_s_per_gb']:.2f}", "", ""),
         ("compression ratio", f"{r['compression_ratio']:.3f}", "", ""),
@@ -505,7 +543,7 @@ def format_table(r: dict) -> str:
     shape = "x".join(str(d) for d in r["page_shape"])
     head = (f"chunkstore bench store: {r['num_pages']} pages of {shape} {r['dtype']} "
             f"({r['page_size_bytes'] / MIB:.2f} MiB each, {r['num_pages'] * r['page_size_bytes'] / MIB:.0f} MiB), "
-            f"{r['kv_source']} KV, codec {r['codec']}, {w} workers, batches of {r['batch_pages']}, "
+            f"{r['kv_source']} KV, codec {r['codec']}, {w} write threads, {r['read_threads']} read threads, batches of {r['batch_pages']}, "
             f"cold reads: {r['cold_method']}, load average {r['load_average_1m']:.1f}")
     width = max(len(row[0]) for row in rows)
     lines = [head, ""]
@@ -543,7 +581,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", default=None,
                         help=f"store codec: {', '.join(c.value for c in Codec)} (default: the store's for the dtype)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="store worker threads, and raw baseline threads (default: the store's, 2 per CPU and at least 4)")
+                        help="store compress/write threads, also the raw write threads (default: the store's, 2 per CPU and at least 4); reads use the store's I/O threads on both sides")
     parser.add_argument("--batch-pages", type=int, default=d.batch_pages,
                         help=f"pages per put / get_into call (default {d.batch_pages})")
     parser.add_argument("--index-rows", type=int, default=d.index_rows,
