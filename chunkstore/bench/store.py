@@ -59,7 +59,9 @@ class StoreBenchConfig:
     dtype: str = "bfloat16"
     kv_source: KVSource = KVSource.SYNTHETIC
     num_workers: int | None = None  # None: the store's default (store.default_num_workers)
-    batch_pages: int = 32
+    # One load-back of a matched prefix: 128 pages of 16 tokens is a 2k-token prefix (an 8k one
+    # is 512 pages). Both the store and the plain-file baseline run in batches of this size.
+    batch_pages: int = 128
     index_rows: int = 1_000_000
     seed: int = 0
     codec: Codec | None = None  # None: the store's default for the dtype
