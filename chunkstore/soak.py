@@ -331,20 +331,26 @@ def _reported_steps(lines: list[str]) -> list[dict]:
 
 
 def _must_survive(seed: int, steps: list[dict]) -> set[bytes]:
-    """Pages stored by the last reported put, unless the step after it (the only one that can
-    have run since: a step is reported right after its commit) may have removed them. Capacity
-    eviction in that next put cannot: they are the most recently used chunks."""
+    """Pages stored by the last reported put that no later step can have removed.
+
+    Steps after that put: the ones reported since (gets, evictions, namespace deletes: a put
+    would be the last put) and the one in flight when the kill came. An eviction may take any of
+    the pages, a namespace delete those of its namespace; an in-flight put may evict to make room,
+    which cannot reach these pages only while they are still the most recently used chunks, that
+    is when nothing ran between the two puts.
+    """
     puts = [s for s in steps if s["op"] == StepOp.PUT.value]
     if not puts:
         return set()
     last = puts[-1]
-    nxt = next(itertools.islice(plan(seed), last["step"] + 1, None))
-    if nxt.op is StepOp.EVICT:
-        return set()
+    in_flight = steps[-1]["step"] + 1 if steps else 0
     keys = {bytes.fromhex(h) for h in last["stored"]}
-    if nxt.op is StepOp.DELETE_NAMESPACE:
-        namespace_of = {p.key: p.namespace for p in _universe()[0]}
-        keys = {k for k in keys if namespace_of[k] != nxt.namespace}
+    namespace_of = {p.key: p.namespace for p in _universe()[0]}
+    for step in itertools.islice(plan(seed), last["step"] + 1, in_flight + 1):
+        if step.op is StepOp.EVICT or (step.op is StepOp.PUT and step.index != last["step"] + 1):
+            return set()
+        if step.op is StepOp.DELETE_NAMESPACE:
+            keys = {k for k in keys if namespace_of[k] != step.namespace}
     return keys
 
 
