@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 CHUNK_SUFFIX = ".kv"
@@ -133,8 +134,10 @@ class ChunkFiles:
                 raise OSError(errno.ENOSPC, "short write")
             data = data[n:]
 
-    def publish(self, temps: Sequence[tuple[Path, bytes]]) -> None:
-        """Rename temp files to their chunk paths, then fsync each folder touched once."""
+    def publish(self, temps: Sequence[tuple[Path, bytes]], executor: Executor | None = None) -> None:
+        """Rename temp files to their chunk paths, then fsync each folder touched once (on
+        ``executor`` when given: keys are random, so a batch touches about one folder per page and
+        the fsyncs, done one after another, would serialise a many-core writer)."""
         folders: set[Path] = set()
         for tmp, key in temps:
             dest = self.path_for(key)
@@ -142,8 +145,11 @@ class ChunkFiles:
             os.replace(tmp, dest)
             folders.add(dest.parent)
         if self.durability is Durability.FSYNC:
-            for folder in folders:
-                _fsync_dir(folder)
+            if executor is None or len(folders) < 4:
+                for folder in folders:
+                    _fsync_dir(folder)
+            else:
+                list(executor.map(_fsync_dir, folders))
 
     def _ensure_dir(self, folder: Path) -> None:
         s = str(folder)

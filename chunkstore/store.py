@@ -14,7 +14,6 @@ import json
 import logging
 import mmap
 import os
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -336,7 +335,7 @@ class ChunkStore:
                              stored_bytes=written[k][1], created_at=now, last_access_at=now)
                      for k in admitted]
             try:
-                self.files.publish([(written[k][0], k) for k in admitted])
+                self.files.publish([(written[k][0], k) for k in admitted], self._pool)
                 self.index.insert(rows)  # file first, then row
             except (OSError, DBAPIError) as exc:
                 # Nothing of this batch may stay visible: no row was committed, so the files

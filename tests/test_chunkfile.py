@@ -4,7 +4,6 @@ single-byte corruption (bit flips, overwrites, truncation) and of forged headers
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
 import tracemalloc
 from dataclasses import dataclass

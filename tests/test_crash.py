@@ -76,7 +76,7 @@ def test_killed_writer_leaves_temps_that_open_removes(tmp_path):
         from chunkstore.files import Durability
         from chunkstore.store import ChunkStore
         store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2)
-        def hang(temps):  # every temp file is complete, none is published yet
+        def hang(temps, executor=None):  # every temp file is complete, none is published yet
             print("written", flush=True)
             time.sleep(600)
         store.files.publish = hang

@@ -7,7 +7,6 @@ Timing is reported by `chunkstore bench store`, never asserted here; memory is a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

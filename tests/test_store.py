@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, StoreBusyError, chain_pages
+from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, chain_pages
 from chunkstore.store import TORCH_DTYPES
 from tests.conftest import kv_pages, same_bytes
 

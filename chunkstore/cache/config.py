@@ -1,0 +1,254 @@
+"""CacheConfig: the tiered cache's settings as one validated object (defaults < CHUNKSTORE_* env < flags).
+
+Invariants: a CacheConfig is valid from construction on (sizes parse, policies are members of
+their enums, a host pool given in the same unit as the device pool is not smaller than it) and
+immutable; every field has exactly one flag (``--field-name``), one environment variable
+(``CHUNKSTORE_FIELD_NAME``) and one entry in docs/CONFIG.md (a test enforces the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from chunkstore.cache.layout import KVLayout
+from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
+from chunkstore.cache.radix_policy import EvictionPolicy
+from chunkstore.codec import Codec
+
+ENV_PREFIX = "CHUNKSTORE_"
+GB = 10**9
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_PAGE_UNITS = ("page", "pages")
+SIZE_EXAMPLES = "e.g. 2GB, 512MiB, 1000pages"
+_METAVARS = {"page_size": "TOKENS", "host_ratio": "RATIO", "disk_path": "DIR", "disk_ratio": "RATIO",
+             "disk_size": "GB", "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS"}
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSize:
+    """A pool size as given: a number of bytes or a number of pages (exactly one is set)."""
+
+    num_bytes: int | None = None
+    num_pages: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "PoolSize":
+        """'2GB', '1.5GiB', '1000pages' -> PoolSize. K/M/G/T are decimal, Ki/Mi/Gi/Ti binary; a
+        unit is required. Raises ValueError naming the accepted forms."""
+        m = _SIZE_RE.match(text) if isinstance(text, str) else None
+        unit = m.group(2).lower() if m else ""
+        if not m or (unit not in _BYTE_UNITS and unit not in _PAGE_UNITS):
+            raise ValueError(f"not a size: {text!r} (a number and a unit, {SIZE_EXAMPLES}; "
+                             f"units: {', '.join([*_BYTE_UNITS, 'pages'])})")
+        if unit in _PAGE_UNITS:
+            if not m.group(1).isdigit():
+                raise ValueError(f"a page count must be a whole number, got {text!r}")
+            size = cls(num_pages=int(m.group(1)))
+        else:
+            size = cls(num_bytes=int(float(m.group(1)) * _BYTE_UNITS[unit]))
+        if not (size.num_pages or size.num_bytes):
+            raise ValueError(f"size must be positive, got {text!r}")
+        return size
+
+    def to_pages(self, layout: KVLayout) -> int:
+        """Whole pages of ``layout`` in this size (bytes round down)."""
+        if self.num_pages is not None:
+            return self.num_pages
+        return layout.pages_for_bytes(self.num_bytes)
+
+
+def _field(default: Any, description: str, **kwargs: Any) -> Any:
+    return Field(default, description=description, **kwargs)
+
+
+class CacheConfig(BaseSettings):
+    """Settings of the device, host and disk tiers. Raises pydantic.ValidationError (a ValueError)
+    naming the field and, for a policy, every valid value."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid",
+                                      validate_default=True)
+
+    page_size: int = _field(64, "tokens per page (the unit of caching; only full pages are cached)", ge=1)
+    device_size: str = _field("1GB", f"device pool size, bytes or pages ({SIZE_EXAMPLES})")
+    host_ratio: float = _field(2.0, "host pool pages = host_ratio x device pool pages (ignored "
+                                    "when host_size is set)", ge=1.0)
+    host_size: str | None = _field(None, f"host pool size, bytes or pages ({SIZE_EXAMPLES}); "
+                                         "overrides host_ratio")
+    use_disk: bool = _field(True, "keep a disk tier (the chunk store) under the host pool")
+    disk_path: Path = _field(Path("chunkstore-data"), "folder of the chunk store")
+    disk_ratio: float | None = _field(None, "disk capacity = disk_ratio x host pool bytes (ignored "
+                                            "when disk_size is set)", gt=0)
+    disk_size: float | None = _field(None, "disk capacity in GB (10^9 bytes) of stored, compressed "
+                                           "chunks; overrides disk_ratio; neither = unbounded", gt=0)
+    write_policy: WritePolicy = _field(WritePolicy.WRITE_THROUGH, "when device pages are copied "
+                                       "down to host and disk")
+    write_through_threshold: int = _field(2, "hits before a page is written through under "
+                                             "write_through_selective", ge=1)
+    prefetch_policy: PrefetchPolicy = _field(PrefetchPolicy.BEST_EFFORT, "how long a request waits "
+                                             "for disk->host prefetch")
+    prefetch_timeout_s: float = _field(1.0, "longest prefetch wait under the timeout policy, "
+                                            "in seconds", gt=0)
+    compression: Compression = _field(Compression.AUTO, "chunk payload codec (auto: zstd_split for "
+                                      "16-bit dtypes, zstd otherwise)")
+    eviction_policy: EvictionPolicy = _field(EvictionPolicy.LRU, "which unlocked leaf a full tier "
+                                             "evicts first")
+
+    # -- validation ------------------------------------------------------------------------------
+
+    @field_validator("write_policy", "prefetch_policy", "compression", "eviction_policy", mode="before")
+    @classmethod
+    def _parse_policy(cls, value: Any, info: ValidationInfo) -> enum.Enum:
+        enum_type = cls.model_fields[info.field_name].annotation
+        return enum_type.parse(value)  # its ValueError lists the valid values
+
+    @field_validator("device_size", "host_size", mode="before")
+    @classmethod
+    def _parse_size(cls, value: Any) -> str | None:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None  # an empty CHUNKSTORE_HOST_SIZE means "not set"
+        PoolSize.parse(value)
+        return value.strip()
+
+    @field_validator("disk_ratio", "disk_size", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> "CacheConfig":
+        if self.host_size is not None:
+            device, host = self.device_size_spec, self.host_size_spec
+            if (device.num_bytes is not None and host.num_bytes is not None
+                    and host.num_bytes < device.num_bytes) or \
+               (device.num_pages is not None and host.num_pages is not None
+                    and host.num_pages < device.num_pages):
+                raise ValueError(f"host_size {self.host_size} is smaller than device_size {self.device_size}")
+        return self
+
+    # -- derived sizes ---------------------------------------------------------------------------
+
+    @property
+    def device_size_spec(self) -> PoolSize:
+        return PoolSize.parse(self.device_size)
+
+    @property
+    def host_size_spec(self) -> PoolSize | None:
+        return PoolSize.parse(self.host_size) if self.host_size is not None else None
+
+    def _check_layout(self, layout: KVLayout) -> None:
+        if layout.page_size != self.page_size:
+            raise ValueError(f"layout has {layout.page_size} tokens per page, config page_size is {self.page_size}")
+
+    def device_pages(self, layout: KVLayout) -> int:
+        """Pages in the device pool. Raises ValueError when not even one page fits."""
+        self._check_layout(layout)
+        pages = self.device_size_spec.to_pages(layout)
+        if pages < 1:
+            raise ValueError(f"device_size {self.device_size} holds no page of {layout.page_size_bytes} bytes")
+        return pages
+
+    def host_pages(self, layout: KVLayout) -> int:
+        """Pages in the host pool: host_size, else host_ratio x device pages (rounded down).
+        Raises ValueError when it is smaller than the device pool (write-through needs room for
+        every device page)."""
+        device = self.device_pages(layout)
+        spec = self.host_size_spec
+        host = spec.to_pages(layout) if spec is not None else int(self.host_ratio * device)
+        if host < device:
+            raise ValueError(f"host pool ({host} pages) is smaller than the device pool ({device} pages)")
+        return host
+
+    def disk_capacity_bytes(self, layout: KVLayout) -> int | None:
+        """The store's capacity in stored bytes: disk_size GB, else disk_ratio x host pool bytes,
+        else None (unbounded). Meaningless when use_disk is false."""
+        if self.disk_size is not None:
+            return int(self.disk_size * GB)
+        if self.disk_ratio is not None:
+            return int(self.disk_ratio * self.host_pages(layout) * layout.page_size_bytes)
+        return None
+
+    def codec_for(self, layout: KVLayout) -> Codec:
+        """The store codec for pages of ``layout``."""
+        return self.compression.codec_for(layout.itemsize_bytes)
+
+    # -- command line ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "CacheConfig":
+        """Settings from flags added by ``add_cli_arguments``: a flag given wins over its
+        environment variable, which wins over the default. Raises pydantic.ValidationError."""
+        given = {name: getattr(args, name) for name in cls.model_fields if hasattr(args, name)}
+        return cls(**given)
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _display_default(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Path):
+        return f"./{value}"
+    return str(value)
+
+
+def _arg_type(parse):
+    """An argparse type whose error message is ours (argparse hides a plain ValueError's text)."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
+
+
+def _size_arg(text: str) -> str:
+    PoolSize.parse(text)
+    return text.strip()
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per CacheConfig field to ``parser``. Unset flags leave no attribute (so the
+    environment and defaults apply in ``CacheConfig.from_cli_args``)."""
+    group = parser.add_argument_group("cache", "tiered KV cache settings (docs/CONFIG.md)")
+    for name, info in CacheConfig.model_fields.items():
+        help_text = f"{info.description} (env {env_name(name)}, default {_display_default(info.default)})"
+        kwargs: dict[str, Any] = dict(dest=name, default=argparse.SUPPRESS, help=help_text)
+        if name in _METAVARS:
+            kwargs["metavar"] = _METAVARS[name]
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # each has parse()
+            values = ",".join(member.value for member in annotation)
+            kwargs.update(type=_arg_type(annotation.parse), metavar="{" + values + "}")
+        elif name in ("device_size", "host_size"):
+            kwargs.update(type=_arg_type(_size_arg), metavar="SIZE")
+        elif annotation is bool:
+            kwargs.update(action=argparse.BooleanOptionalAction)
+        elif annotation is int:
+            kwargs.update(type=int)
+        elif annotation in (float, float | None):
+            kwargs.update(type=float)
+        elif annotation is Path:
+            kwargs.update(type=Path)
+        else:  # a new field must choose its flag type here
+            raise TypeError(f"no flag type for {name}: {annotation}")
+        group.add_argument(flag_name(name), **kwargs)

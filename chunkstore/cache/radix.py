@@ -1,0 +1,453 @@
+"""A page-granular radix tree over token prefixes, one tree per namespace (SGLang's radix cache, tiered).
+
+Invariants: a node holds whole pages with one chained chunk key per page (the disk tier's keys);
+where its pages live is read from its data (``device_slots`` / ``host_slots`` / ``persisted``), the
+same for all its pages; lookups never change the tree's shape or residency; a locked node (and so
+every ancestor) is never evicted or removed; an unlocked node with no copy anywhere is removed unless
+it has children; counters change incrementally and always equal a recount. See docs/RADIX.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+
+import torch
+
+from chunkstore.cache.radix_policy import EvictionCandidates, EvictionPolicy, evict_by_priority
+from chunkstore.cache.radix_types import (
+    _DEVICE, _HOST, InsertResult, LockHandle, MatchResult, RadixNode, RadixStats, Slots, Tier, TokenIds,
+    _as_slots, _as_tokens, _cat,
+)
+from chunkstore.identity import ModelIdentity
+from chunkstore.keys import DEFAULT_NAMESPACE, encode_tokens, page_key, root_key
+
+class RadixTree:
+    """Radix tree of whole pages, one root per namespace; see docs/RADIX.md.
+
+    Not thread-safe: the owner (the cache) holds ``self.lock`` around every call and around its use
+    of the nodes and results it gets back. The tree itself never takes it.
+    """
+
+    def __init__(self, identity: ModelIdentity, policy: EvictionPolicy | str = EvictionPolicy.LRU) -> None:
+        self.identity = identity
+        self.page_size = identity.page_size
+        self.policy = EvictionPolicy.parse(policy)
+        self.lock = threading.RLock()
+        self._roots: dict[str, RadixNode] = {}
+        self._root_keys: dict[str, bytes] = {}
+        self._ids = itertools.count(1)
+        self._clock = 0
+        self._num_nodes = 0
+        self._pages = [0, 0]  # per tier index
+        self._locked_pages = [0, 0]
+        self._persisted_pages = 0
+        self._candidates = EvictionCandidates()
+
+    # ---- lookups: they never change shape or residency -------------------------------------------
+
+    def match_prefix(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
+        """The longest prefix of whole pages on device, then on host; locks it.
+
+        Locks the last returned node and its ancestors (``result.handle``, give it back with
+        ``unlock``); records an access and a hit on the returned nodes. A match ending inside a node
+        does not split it. Raises TypeError for a namespace that is not a string.
+        """
+        return self._match(token_ids, namespace, is_peek=False)
+
+    def peek_prefix(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
+        """As ``match_prefix``, but changes nothing at all: no lock, no hit, no access time."""
+        return self._match(token_ids, namespace, is_peek=True)
+
+    def _match(self, token_ids: TokenIds, namespace: str, is_peek: bool) -> MatchResult:
+        tokens = _as_tokens(token_ids)
+        size = self.page_size
+        root = self._roots.get(namespace)
+        rkey = root.parent_key if root is not None else self._root_key(namespace)
+        device_parts: list[torch.Tensor] = []
+        host_parts: list[torch.Tensor] = []
+        used: list[tuple[RadixNode, int]] = []
+        keys: tuple[bytes, ...] = ()
+        for node, k in self._walk(root, tokens, len(tokens) - len(tokens) % size):
+            whole = k == node.num_pages
+            if not host_parts and node.device_slots is not None:
+                device_parts.append(node.device_slots if whole else node.device_slots[:k])
+            elif node.host_slots is not None:
+                host_parts.append(node.host_slots if whole else node.host_slots[:k])
+            else:
+                break
+            used.append((node, k))
+            keys += node.keys if whole else node.keys[:k]
+        last_node, last_pages = used[-1] if used else (None, 0)
+        handle = None
+        if not is_peek:
+            if used:
+                self._clock += 1
+                for node, _ in used:
+                    node.last_access = self._clock
+                    node.hit_count += 1
+            handle = self.lock_node(last_node) if last_node is not None else LockHandle(None)
+        return MatchResult(
+            namespace=namespace, page_size=size, root_key=rkey, token_ids=tokens[: len(keys) * size], keys=keys,
+            device_slots=_cat(device_parts), host_slots=_cat(host_parts), last_key=keys[-1] if keys else rkey,
+            last_node=last_node, last_node_pages=last_pages, handle=handle,
+        )
+
+    def _walk(self, root: RadixNode | None, tokens: tuple[int, ...], usable: int) -> list[tuple[RadixNode, int]]:
+        """(node, pages matched) along tokens[:usable]; only the last node may match partly."""
+        size = self.page_size
+        path: list[tuple[RadixNode, int]] = []
+        node, pos = root, 0
+        while node is not None and pos < usable:
+            child = node.children.get(tokens[pos : pos + size])
+            if child is None:
+                break
+            ct, n = child.token_ids, len(child.token_ids)
+            if usable - pos >= n and tokens[pos : pos + n] == ct:  # compare whole runs, not tokens
+                k = child.num_pages
+            else:
+                limit, k = min(n, usable - pos) // size, 1  # the first page is known to match
+                while k < limit and tokens[pos + k * size : pos + (k + 1) * size] == ct[k * size : (k + 1) * size]:
+                    k += 1
+            path.append((child, k))
+            pos += k * size
+            node = child if k == child.num_pages else None
+        return path
+
+    def _root_key(self, namespace: str) -> bytes:
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a string, got {type(namespace).__name__}")
+        key = self._root_keys.get(namespace)
+        if key is None:
+            key = self._root_keys[namespace] = root_key(self.identity, namespace)
+        return key
+
+    # ---- insert and split ------------------------------------------------------------------------
+
+    def insert(
+        self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE,
+        device_slots: Slots | None = None, host_slots: Slots | None = None, *, persisted: bool = False,
+    ) -> InsertResult:
+        """Add the whole pages of ``token_ids``, with one slot per page on each tier given.
+
+        Pages already present keep their copies and the given slots for them come back as unneeded
+        (except a slot equal to the one the page holds); a page without a copy on a tier gets the
+        given one. Splits a node where the request diverges inside it, or ends inside it and fills
+        something in. Locks nothing. Raises TypeError/ValueError (before any change) for bad token
+        ids, slots of the wrong type or length, or no copy at all.
+        """
+        tokens = _as_tokens(token_ids)
+        size = self.page_size
+        num_pages = len(tokens) // size
+        tokens = tokens[: num_pages * size]
+        dev = _as_slots(device_slots, num_pages, "device_slots")
+        host = _as_slots(host_slots, num_pages, "host_slots")
+        if dev is None and host is None and not persisted:
+            raise ValueError("insert needs a copy: device_slots, host_slots or persisted=True")
+        rkey = self._root_key(namespace)
+        root = self._roots.get(namespace)
+        path = self._walk(root, tokens, len(tokens))
+        num_old = sum(k for _, k in path)
+        new_bytes = encode_tokens(tokens[num_old * size :])  # checks the new ids before anything changes
+        if num_pages == 0:
+            return InsertResult(namespace, 0, 0, (), _cat([]), _cat([]), None, 0)
+        self._clock += 1
+        if root is None:
+            root = self._roots[namespace] = RadixNode(0, namespace, (), (), rkey, None, self._clock)
+        unneeded: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        keys: tuple[bytes, ...] = ()
+        node, page, last_pages = root, 0, 0
+        for child, k in path:
+            if k < child.num_pages and (page + k < num_pages or self._fills(child, dev, host, persisted)):
+                child = self.split(child, k)
+            self._fill(child, page, k, dev, host, persisted, unneeded)
+            child.last_access = self._clock
+            keys += child.keys if k == child.num_pages else child.keys[:k]
+            node, page, last_pages = child, page + k, k
+        if num_old < num_pages:
+            node = self._add_leaf(node, tokens[page * size :], new_bytes, page, dev, host, persisted)
+            keys += node.keys
+            last_pages = node.num_pages
+        return InsertResult(
+            namespace=namespace, num_pages=num_pages, num_new_pages=num_pages - num_old, keys=keys,
+            unneeded_device_slots=_cat(unneeded[_DEVICE]), unneeded_host_slots=_cat(unneeded[_HOST]),
+            last_node=node, last_node_pages=last_pages,
+        )
+
+    @staticmethod
+    def _fills(node: RadixNode, dev: torch.Tensor | None, host: torch.Tensor | None, persisted: bool) -> bool:
+        return ((dev is not None and node.device_slots is None) or (host is not None and node.host_slots is None)
+                or (persisted and not node.persisted))
+
+    def _fill(
+        self, node: RadixNode, page: int, k: int, dev: torch.Tensor | None, host: torch.Tensor | None,
+        persisted: bool, unneeded: tuple[list[torch.Tensor], list[torch.Tensor]],
+    ) -> None:
+        for tier, given in ((Tier.DEVICE, dev), (Tier.HOST, host)):
+            if given is None:
+                continue
+            offered = given[page : page + k]
+            held = node.slots(tier)
+            if held is None:
+                self._set_slots(node, tier, offered.clone())  # k == num_pages here: a fill splits first
+            else:
+                extra = offered[offered != held[:k]]
+                if len(extra):
+                    unneeded[tier.index].append(extra)
+        if persisted and not node.persisted:
+            self._set_persisted(node, True)
+
+    def _add_leaf(
+        self, parent: RadixNode, tokens: tuple[int, ...], token_bytes: bytes, page: int,
+        dev: torch.Tensor | None, host: torch.Tensor | None, persisted: bool,
+    ) -> RadixNode:
+        page_bytes = self.page_size * 4  # encode_tokens writes 4 bytes per id
+        keys: list[bytes] = []
+        prev = parent.last_key
+        for start in range(0, len(token_bytes), page_bytes):
+            prev = page_key(prev, token_bytes[start : start + page_bytes])
+            keys.append(prev)
+        leaf = RadixNode(next(self._ids), parent.namespace, tokens, tuple(keys), parent.last_key, parent, self._clock)
+        parent.children[tokens[: self.page_size]] = leaf
+        self._num_nodes += 1
+        if dev is not None:
+            self._set_slots(leaf, Tier.DEVICE, dev[page:].clone())
+        if host is not None:
+            self._set_slots(leaf, Tier.HOST, host[page:].clone())
+        if persisted:
+            self._set_persisted(leaf, True)
+        return leaf
+
+    def split(self, node: RadixNode, num_pages: int) -> RadixNode:
+        """Cut ``node`` after its first ``num_pages`` pages; returns the new upper node (its parent).
+
+        ``node`` keeps its identity (so lock handles on it stay valid) and its last pages; the upper
+        node copies its residency, lock count, access time and hits, so keys and slots stay aligned
+        and no counter changes. Raises ValueError unless 0 < num_pages < node.num_pages, or for a root
+        or a removed node.
+        """
+        self._check_attached(node)
+        if not 0 < num_pages < node.num_pages:
+            raise ValueError(f"split point must be in (0, {node.num_pages}), got {num_pages}")
+        cut, size = num_pages * self.page_size, self.page_size
+        upper = RadixNode(next(self._ids), node.namespace, node.token_ids[:cut], node.keys[:num_pages],
+                          node.parent_key, node.parent, node.last_access)
+        upper.hit_count, upper.lock_ref, upper.persisted = node.hit_count, node.lock_ref, node.persisted
+        if node.device_slots is not None:
+            upper.device_slots, node.device_slots = node.device_slots[:num_pages], node.device_slots[num_pages:]
+        if node.host_slots is not None:
+            upper.host_slots, node.host_slots = node.host_slots[:num_pages], node.host_slots[num_pages:]
+        node.token_ids, node.keys, node.parent_key = node.token_ids[cut:], node.keys[num_pages:], upper.keys[-1]
+        node.parent.children[upper.token_ids[:size]] = upper
+        node.parent = upper
+        upper.children[node.token_ids[:size]] = node
+        self._candidates.split(upper, node)
+        self._num_nodes += 1
+        return upper
+
+    # ---- locks -----------------------------------------------------------------------------------
+
+    def lock_node(self, node: RadixNode) -> LockHandle:
+        """Lock ``node`` and its ancestors against eviction and removal; returns the handle to unlock.
+
+        Raises ValueError for a node no longer in the tree. Locking a root locks nothing.
+        """
+        if node.is_root:
+            return LockHandle(None)
+        self._check_attached(node)
+        n = node
+        while n.parent is not None:  # roots are never evicted: no need to count them
+            if n.lock_ref == 0:
+                self._count_locked(n, +1)
+            n.lock_ref += 1
+            n = n.parent
+        return LockHandle(node)
+
+    def unlock(self, handle: LockHandle) -> None:
+        """Give back a lock; nodes it kept that hold no copy and have no children are removed now.
+
+        Raises ValueError for a handle already given back.
+        """
+        if handle.is_released:
+            raise ValueError("lock handle already released")
+        handle.is_released = True
+        n = handle.node
+        while n is not None and n.parent is not None:
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                self._count_locked(n, -1)
+            n = n.parent
+        if handle.node is not None:
+            self._prune(handle.node)
+
+    def _count_locked(self, node: RadixNode, sign: int) -> None:
+        for t in (_DEVICE, _HOST):
+            if node.holds(t):
+                self._locked_pages[t] += sign * node.num_pages
+
+    # ---- residency: the tier controller's acknowledgements ---------------------------------------
+
+    def set_device_slots(self, node: RadixNode, slots: Slots | None) -> torch.Tensor | None:
+        """Give ``node`` device slots (one per page) or take them away (None); returns the previous ones.
+
+        The caller frees the previous slots. A node left with no copy anywhere is removed (with its
+        empty childless ancestors) unless it is locked (then at its unlock) or has children. Raises
+        ValueError for a root, a removed node or a wrong length, TypeError for a wrong dtype.
+        """
+        return self._set_residency(node, Tier.DEVICE, slots)
+
+    def set_host_slots(self, node: RadixNode, slots: Slots | None) -> torch.Tensor | None:
+        """As ``set_device_slots``, for the host tier."""
+        return self._set_residency(node, Tier.HOST, slots)
+
+    def mark_persisted(self, node: RadixNode, persisted: bool = True) -> None:
+        """Record that the node's pages are on disk (or, with False, no longer known to be there)."""
+        self._check_attached(node)
+        if node.persisted != persisted:
+            self._set_persisted(node, persisted)
+        if not persisted:
+            self._prune(node)
+
+    def _set_residency(self, node: RadixNode, tier: Tier, slots: Slots | None) -> torch.Tensor | None:
+        self._check_attached(node)
+        checked = _as_slots(slots, node.num_pages, f"{tier.value}_slots")
+        previous = self._set_slots(node, tier, None if checked is None else checked.clone())
+        if checked is None:
+            self._prune(node)
+        return previous
+
+    def _check_attached(self, node: RadixNode) -> None:
+        if node.is_root or node.parent is None:
+            raise ValueError(f"{node!r} is a root or no longer in the tree")
+
+    def _set_persisted(self, node: RadixNode, persisted: bool) -> None:
+        node.persisted = persisted
+        self._persisted_pages += node.num_pages if persisted else -node.num_pages
+
+    def _set_slots(self, node: RadixNode, tier: Tier, slots: torch.Tensor | None) -> torch.Tensor | None:
+        """The one place slots change: keeps the counters and the eviction candidates in step."""
+        previous = node.slots(tier)
+        if tier is Tier.DEVICE:
+            node.device_slots = slots
+        else:
+            node.host_slots = slots
+        if (previous is None) != (slots is None):
+            t, sign = tier.index, (1 if slots is not None else -1)
+            self._pages[t] += sign * node.num_pages
+            if node.lock_ref:
+                self._locked_pages[t] += sign * node.num_pages
+            self._candidates.held_changed(node, t)
+        return previous
+
+    def _prune(self, node: RadixNode) -> None:
+        """Remove ``node``, then its ancestors, while each is unlocked, childless and holds no copy."""
+        while node.parent is not None and not node.lock_ref and not node.children and not node.has_copy:
+            parent = node.parent
+            del parent.children[node.token_ids[: self.page_size]]
+            node.parent = None
+            self._num_nodes -= 1
+            node = parent
+        if node.is_root and not node.children:
+            self._roots.pop(node.namespace, None)
+
+    # ---- eviction --------------------------------------------------------------------------------
+
+    def evictable_device_leaves(self, policy: EvictionPolicy | str | None = None) -> list[RadixNode]:
+        """Unlocked nodes on device with no device copy below them, in eviction order."""
+        return self._evictable(Tier.DEVICE, policy)
+
+    def evictable_host_leaves(self, policy: EvictionPolicy | str | None = None) -> list[RadixNode]:
+        """Unlocked nodes on host with no host copy below them, in eviction order."""
+        return self._evictable(Tier.HOST, policy)
+
+    def _evictable(self, tier: Tier, policy: EvictionPolicy | str | None) -> list[RadixNode]:
+        chosen = self.policy if policy is None else EvictionPolicy.parse(policy)
+        nodes = [n for n in self._candidates.of(tier.index) if not n.lock_ref]
+        return sorted(nodes, key=lambda n: (chosen.priority(n), n.id))
+
+    def evict_device(
+        self, num_pages: int, policy: EvictionPolicy | str | None = None,
+        on_evict: Callable[[RadixNode], None] | None = None,
+    ) -> int:
+        """Drop the device copies of at least ``num_pages`` pages (fewer if no more are evictable).
+
+        Takes unlocked nodes with no device copy below them, lowest ``policy`` priority first (the
+        tree's policy by default); calls ``on_evict(node)`` while the node still holds its slots (the
+        controller backs them up or frees them there), then clears them and removes nodes left with
+        no copy. Overshoots by less than one node's pages; returns the pages evicted. If ``on_evict``
+        raises, that node keeps its slots and the error propagates.
+        """
+        return self._evict(Tier.DEVICE, num_pages, policy, on_evict)
+
+    def evict_host(
+        self, num_pages: int, policy: EvictionPolicy | str | None = None,
+        on_evict: Callable[[RadixNode], None] | None = None,
+    ) -> int:
+        """As ``evict_device``, for host copies (the controller persists first where it must)."""
+        return self._evict(Tier.HOST, num_pages, policy, on_evict)
+
+    def _evict(
+        self, tier: Tier, num_pages: int, policy: EvictionPolicy | str | None,
+        on_evict: Callable[[RadixNode], None] | None,
+    ) -> int:
+        chosen = self.policy if policy is None else EvictionPolicy.parse(policy)
+        t = tier.index
+        if num_pages <= 0:
+            return 0
+
+        def is_candidate(node: RadixNode) -> bool:
+            return node.parent is not None and not node.lock_ref and node.holds(t) and not node.below[t]
+
+        def evict_one(node: RadixNode) -> RadixNode | None:
+            if on_evict is not None:
+                on_evict(node)
+            if node.holds(t):
+                self._set_slots(node, tier, None)
+            up = node.parent  # found before pruning: a removed node forgets its parent
+            while up is not None and not up.holds(t):
+                up = up.parent
+            self._prune(node)
+            return up
+
+        candidates = [n for n in self._candidates.of(t) if not n.lock_ref]
+        return evict_by_priority(candidates, chosen, num_pages, is_candidate, evict_one)
+
+    # ---- walking and counters --------------------------------------------------------------------
+
+    def namespaces(self) -> list[str]:
+        """Namespaces holding at least one node."""
+        return sorted(self._roots)
+
+    def root(self, namespace: str = DEFAULT_NAMESPACE) -> RadixNode | None:
+        return self._roots.get(namespace)
+
+    def iter_nodes(self, namespace: str | None = None) -> Iterator[RadixNode]:
+        """Every non-root node, parents before children, of one namespace or (None) of all."""
+        if namespace is None:
+            roots = [self._roots[ns] for ns in sorted(self._roots)]
+        else:
+            roots = [self._roots[namespace]] if namespace in self._roots else []
+        stack = [child for r in reversed(roots) for child in reversed(list(r.children.values()))]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(list(node.children.values())))
+
+    def prefix_tokens(self, node: RadixNode) -> tuple[int, ...]:
+        """Every token from the root to the end of ``node``."""
+        parts: list[tuple[int, ...]] = []
+        while node.parent is not None:
+            parts.append(node.token_ids)
+            node = node.parent
+        return tuple(itertools.chain.from_iterable(reversed(parts)))
+
+    def stats(self) -> RadixStats:
+        """The counters as kept incrementally (O(1)); take ``lock`` for a snapshot consistent with others."""
+        return RadixStats(
+            page_size=self.page_size, num_namespaces=len(self._roots), num_nodes=self._num_nodes,
+            device_pages=self._pages[_DEVICE], host_pages=self._pages[_HOST], persisted_pages=self._persisted_pages,
+            locked_device_pages=self._locked_pages[_DEVICE], locked_host_pages=self._locked_pages[_HOST],
+            evictable_device_pages=self._pages[_DEVICE] - self._locked_pages[_DEVICE],
+            evictable_host_pages=self._pages[_HOST] - self._locked_pages[_HOST],
+        )
