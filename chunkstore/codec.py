@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from chunkstore.choices import Choice
+
 # Byte planes of KV are order-0 sources: long matches are rare, so a small hash table and the
 # longest minimum match keep zstd's fast strategy at level-1 ratio (~99% of the entropy bound,
 # measured on bf16 KV) while compressing about twice as fast as plain level 1.
@@ -31,7 +33,7 @@ class CorruptChunkError(ValueError):
     """A chunk file (or payload) disagrees with its header, its checksum or what was asked for."""
 
 
-class Codec(enum.Enum):
+class Codec(Choice):
     NONE = "none"
     ZSTD = "zstd"
     ZSTD_SPLIT = "zstd_split"
@@ -46,14 +48,6 @@ class Codec(enum.Enum):
             if c == code:
                 return codec
         raise CorruptChunkError(f"unknown codec code {code}")
-
-    @classmethod
-    def parse(cls, name: str) -> "Codec":
-        try:
-            return cls(name)
-        except ValueError:
-            valid = ", ".join(c.value for c in cls)
-            raise ValueError(f"unknown codec {name!r}; valid codecs: {valid}") from None
 
     @classmethod
     def default_for(cls, itemsize: int) -> "Codec":

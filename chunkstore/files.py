@@ -8,7 +8,6 @@ file system so that crash cleanup lists one folder instead of scanning the fan-o
 
 from __future__ import annotations
 
-import enum
 import errno
 import itertools
 import mmap
@@ -20,24 +19,18 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
+from chunkstore.choices import Choice
+
 CHUNK_SUFFIX = ".kv"
 TMP_PREFIX = "tmp-"
 
 
-class Durability(enum.Enum):
+class Durability(Choice):
     """``fsync``: files and folders are fsynced before a chunk is indexed (survives power loss).
     ``none``: no fsync; survives a process crash (the page cache keeps the data), not power loss."""
 
     FSYNC = "fsync"
     NONE = "none"
-
-    @classmethod
-    def parse(cls, name: str) -> "Durability":
-        try:
-            return cls(name)
-        except ValueError:
-            valid = ", ".join(d.value for d in cls)
-            raise ValueError(f"unknown durability {name!r}; valid values: {valid}") from None
 
 
 _ALIGN = 4096

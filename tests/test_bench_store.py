@@ -109,8 +109,8 @@ def test_pure_function_cleans_up_its_temp_folder(tmp_path, monkeypatch):
     (["--workers", "0"], "num_workers must be > 0"),
     (["--index-rows", "10"], "index_rows must be >= 128"),
     (["--dtype", "int7"], "valid dtypes: bfloat16"),
-    (["--kv-source", "model"], "valid sources: synthetic"),
-    (["--codec", "lz4"], "valid codecs: none"),
+    (["--kv-source", "model"], "valid values: synthetic"),
+    (["--codec", "lz4"], "valid values: none"),
     (["--json", "/nonexistent-folder/x.json"], "does not exist"),
 ])
 def test_invalid_options_exit_2_with_a_clear_error(argv, message, capsys):
@@ -138,5 +138,5 @@ def test_synthetic_kv_is_seeded_and_shaped():
 
 def test_kv_source_lists_valid_choices():
     assert KVSource.parse("synthetic") is KVSource.SYNTHETIC
-    with pytest.raises(ValueError, match="valid sources: synthetic"):
+    with pytest.raises(ValueError, match="valid values: synthetic"):
         KVSource.parse("model")

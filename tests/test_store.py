@@ -265,7 +265,7 @@ def test_stats_survive_reopen(tmp_path, identity, chain):
 def test_bad_arguments(tmp_path, identity):
     with pytest.raises(ValueError, match="capacity"):
         ChunkStore(tmp_path, identity, capacity_bytes=0)
-    with pytest.raises(ValueError, match="valid codecs"):
+    with pytest.raises(ValueError, match="valid values"):
         Codec.parse("lz4")
     with pytest.raises(FileNotFoundError):
         ChunkStore(tmp_path / "nothing", identity, read_only=True)

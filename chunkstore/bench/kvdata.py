@@ -9,30 +9,26 @@ K. ``plane_entropies_bits`` measures the order-0 bound that any coder of the byt
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from chunkstore.choices import Choice
 from chunkstore.identity import ModelIdentity
 from chunkstore.store import TORCH_DTYPES
 
 
-class KVSource(enum.Enum):
+class KVSource(Choice):
     """Where benchmark KV comes from. Only synthetic KV exists so far; KV computed by the
     built-in model will be another member, dispatched in ``make_pages``."""
 
     SYNTHETIC = "synthetic"
 
     @classmethod
-    def parse(cls, name: str) -> "KVSource":
-        try:
-            return cls(name)
-        except ValueError:
-            valid = ", ".join(s.value for s in cls)
-            raise ValueError(f"unknown KV source {name!r}; valid sources: {valid}") from None
+    def label(cls) -> str:
+        return "KV source"
 
 
 @dataclass(frozen=True, slots=True)

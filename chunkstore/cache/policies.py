@@ -8,38 +8,11 @@ value, so a mistyped policy can never fall through to a default. No torch, no py
 
 from __future__ import annotations
 
-import enum
-
+from chunkstore.choices import Choice
 from chunkstore.codec import Codec
 
 
-class PolicyEnum(str, enum.Enum):
-    """A str enum whose ``parse`` names the valid values when it rejects one."""
-
-    @classmethod
-    def valid_values(cls) -> list[str]:
-        return [member.value for member in cls]
-
-    @classmethod
-    def parse(cls, value: "str | PolicyEnum") -> "PolicyEnum":
-        """The member named by ``value``; raises ValueError listing the valid values."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            normal = value.strip().lower().replace("-", "_")
-            for member in cls:
-                if member.value == normal:
-                    return member
-        raise ValueError(f"unknown {cls.label()} {value!r}; valid values: {', '.join(cls.valid_values())}")
-
-    @classmethod
-    def label(cls) -> str:
-        """A lower-case name for messages, e.g. 'write policy'."""
-        name = cls.__name__
-        return "".join(f" {c.lower()}" if c.isupper() else c for c in name).strip()
-
-    def __str__(self) -> str:
-        return self.value
+PolicyEnum = Choice  # the policies' base (see chunkstore/choices.py)
 
 
 class WritePolicy(PolicyEnum):
