@@ -308,12 +308,18 @@ class ChunkStore:
                 todo[p.key] = (p, t)
         futures = {k: self._pool.submit(self._encode_and_write, p, t) for k, (p, t) in todo.items()}
         written: dict[bytes, tuple[Path, int]] = {}
-        for key, fut in futures.items():
-            try:
-                written[key] = fut.result()
-            except OSError as exc:
-                result.failed[key] = f"write failed: {exc}"
-                self.index.count_event(todo[key][0].namespace, "write_errors")
+        try:
+            for key, fut in futures.items():
+                try:
+                    written[key] = fut.result()
+                except OSError as exc:
+                    result.failed[key] = f"write failed: {exc}"
+                    self.index.count_event(todo[key][0].namespace, "write_errors")
+        except BaseException:  # an unexpected error: leave no temp file of this batch behind
+            for fut in futures.values():
+                if not fut.cancel() and fut.exception() is None:
+                    self.files.discard_temp(fut.result()[0])
+            raise
         if written:
             self._publish(todo, written, result)
         return result

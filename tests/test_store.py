@@ -309,3 +309,19 @@ def test_a_short_direct_read_falls_back_to_a_buffered_one(tmp_path, identity, ch
         got = s.get(pages)
         assert all(g is not None and same_bytes(g, t) for g, t in zip(got, tensors))
         assert s.stats().quarantined == 0
+
+
+def test_an_unexpected_error_in_a_put_leaves_no_temp_file(store, chain, monkeypatch):
+    pages, tensors = chain
+    real = store._encode_and_write
+
+    def sometimes_broken(page, tensor):
+        if page.key == pages[3].key:
+            raise RuntimeError("a bug in an encoder")
+        return real(page, tensor)
+
+    monkeypatch.setattr(store, "_encode_and_write", sometimes_broken)
+    with pytest.raises(RuntimeError, match="bug"):
+        store.put(pages, tensors)
+    assert store.files.count_temps() == 0
+    assert store.exists([p.key for p in pages]) == [False] * len(pages)
