@@ -246,11 +246,14 @@ class ChunkFiles:
             return None
         return dest
 
-    def remove_temps(self) -> int:
-        """Delete every leftover temp file (call only while holding the store's writer lock)."""
+    def remove_temps(self, keep_own: bool = False) -> int:
+        """Delete leftover temp files (call only while holding the store's writer lock, so no
+        other process writes here). ``keep_own`` spares this process's temp files, which may be
+        puts in flight; on open there are none, so everything goes."""
+        own = f"-{os.getpid()}-"
         n = 0
         for entry in os.scandir(self.tmp_dir):
-            if entry.name.startswith(TMP_PREFIX):
+            if entry.name.startswith(TMP_PREFIX) and not (keep_own and own in entry.name):
                 Path(entry.path).unlink(missing_ok=True)
                 n += 1
         return n

@@ -106,8 +106,9 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
 
 
 def _remove_temps(store: ChunkStore) -> int:
+    """Temp files of dead writers; this process's own may belong to puts in flight."""
     with store.index.write_lock:
-        return store.files.remove_temps()
+        return store.files.remove_temps(keep_own=True)
 
 
 def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
@@ -124,10 +125,6 @@ def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
             elif status != "missing" and store._quarantine(key, STORE_WIDE, status):
                 report.quarantined += 1
         report.adopted += store.index.insert(rows)
-
-
-def count_chunk_files(store: ChunkStore) -> int:
-    return sum(1 for _ in store.files.iter_chunk_paths())
 
 
 def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildReport:

@@ -145,7 +145,9 @@ class ChunkStore:
     Raises ModelMismatchError when ``path`` holds another model's store (unless
     ``allow_other_models``: keys bind the identity, so models never share chunks) and
     StoreBusyError when another process is writing it. ``direct_reads`` reads chunk files around
-    the page cache (O_DIRECT) where the file system allows it. ``reset_index`` deletes the SQLite index
+    the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
+    and write (default 2 per core, at least 4), ``io_threads`` read (default 8), ``decode_threads``
+    decode loaded pages (default 1 per core). ``reset_index`` deletes the SQLite index
     (not the chunk files) before opening, for `chunkstore rebuild`.
     """
 
@@ -212,7 +214,7 @@ class ChunkStore:
         self.decode_threads = decode_threads or (os.cpu_count() or 2)
         self._decode_pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="chunkstore-decode")
         self._pool = ThreadPoolExecutor(max_workers=self.num_workers,
-                                        thread_name_prefix="chunkstore-io")
+                                        thread_name_prefix="chunkstore-write")
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -454,13 +456,26 @@ class ChunkStore:
         reads = {self._io_pool.submit(self._read_page, p): (i, p, out) for i, p, out in jobs}
         statuses: dict[int, str] = {}
         decodes = {}
-        for fut in as_completed(reads):
-            i, page, out = reads[fut]
-            buf, view, status = fut.result()
-            if view is None:
-                statuses[i] = status
-            else:
-                decodes[i] = self._decode_pool.submit(self._decode_page, page, out, buf, view)
+        handed_over: set = set()
+        try:
+            for fut in as_completed(reads):
+                i, page, out = reads[fut]
+                buf, view, status = fut.result()
+                handed_over.add(fut)
+                if view is None:
+                    statuses[i] = status
+                else:
+                    decodes[i] = self._decode_pool.submit(self._decode_page, page, out, buf, view)
+        except BaseException:
+            # Give back the buffers of reads that never reached a decoder: a leaked buffer would
+            # leave later loads waiting for it forever.
+            for fut in reads:
+                if fut not in handed_over and not fut.cancel() and fut.exception() is None:
+                    buf, view, _ = fut.result()
+                    if view is not None:
+                        view.release()
+                        self._read_buffers.release(buf)
+            raise
         for i, fut in decodes.items():
             statuses[i] = fut.result()
         return statuses
@@ -473,6 +488,9 @@ class ChunkStore:
             status = "missing"
         except OSError as exc:
             status = f"unreadable: {exc}"
+        except BaseException:
+            self._read_buffers.release(buf)
+            raise
         self._read_buffers.release(buf)
         return None, None, status
 

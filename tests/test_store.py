@@ -325,3 +325,28 @@ def test_an_unexpected_error_in_a_put_leaves_no_temp_file(store, chain, monkeypa
         store.put(pages, tensors)
     assert store.files.count_temps() == 0
     assert store.exists([p.key for p in pages]) == [False] * len(pages)
+
+
+@pytest.mark.timeout(120)  # a leaked buffer shows as a hang
+def test_a_read_that_fails_unexpectedly_gives_its_buffer_back(tmp_path, identity, chain, monkeypatch):
+    pages, tensors = chain
+    with ChunkStore(tmp_path, identity, io_threads=2) as s:  # 8 read buffers in all
+        s.put(pages, tensors)
+        real_read = s.files.read
+        monkeypatch.setattr(s.files, "read", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("bug")))
+        for _ in range(3):  # more failed pages than there are buffers
+            with pytest.raises(RuntimeError):
+                s.get(pages)
+        monkeypatch.setattr(s.files, "read", real_read)
+        assert all(same_bytes(g, t) for g, t in zip(s.get(pages), tensors))  # no buffer leaked: no hang
+
+
+def test_gc_spares_the_temp_files_of_puts_in_flight(store, chain):
+    from chunkstore.maintenance import gc
+
+    pages, tensors = chain
+    mine = store.files.write_temp(pages[0].key, [b"in flight"])
+    dead = store.files.tmp_dir / f"tmp-{pages[1].key.hex()}-999999999-0"
+    dead.write_bytes(b"left by a crashed writer")
+    assert gc(store).temps_removed == 1
+    assert mine.exists() and not dead.exists()
