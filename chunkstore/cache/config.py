@@ -101,6 +101,9 @@ class CacheConfig(BaseSettings):
                                             "in seconds", gt=0)
     compression: Compression = _field(Compression.AUTO, "chunk payload codec (auto: zstd_split for "
                                       "16-bit dtypes, zstd otherwise)")
+    disk_load_host_share: float = _field(1.0, "share of the pages loaded from disk to the device "
+                                              "that also stay in host memory (the first ones of the "
+                                              "prefix)", ge=0.0, le=1.0)
     eviction_policy: EvictionPolicy = _field(EvictionPolicy.LRU, "which unlocked leaf a full tier "
                                              "evicts first")
 

@@ -128,30 +128,42 @@ class RadixTree:
     def insert(
         self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE,
         device_slots: Slots | None = None, host_slots: Slots | None = None, *, persisted: bool = False,
+        from_page: int = 0,
     ) -> InsertResult:
         """Add the whole pages of ``token_ids``, with one slot per page on each tier given.
 
         Pages already present keep their copies and the given slots for them come back as unneeded
         (except a slot equal to the one the page holds); a page without a copy on a tier gets the
         given one. Splits a node where the request diverges inside it, or ends inside it and fills
-        something in. Locks nothing. Raises TypeError/ValueError (before any change) for bad token
-        ids, slots of the wrong type or length, or no copy at all.
+        something in. With ``from_page``, the slots (and ``persisted``) are for the pages from that
+        one on, and the pages before it must already be in the tree: they are left as they are
+        (split off where a node straddles ``from_page``). Locks nothing. Raises TypeError/ValueError
+        (before any change) for bad token ids, slots of the wrong type or length, no copy at all, or
+        pages before ``from_page`` that are not in the tree.
         """
         tokens = _as_tokens(token_ids)
         size = self.page_size
         num_pages = len(tokens) // size
         tokens = tokens[: num_pages * size]
-        dev = _as_slots(device_slots, num_pages, "device_slots")
-        host = _as_slots(host_slots, num_pages, "host_slots")
+        if not 0 <= from_page <= num_pages:
+            raise ValueError(f"from_page must be in [0, {num_pages}], got {from_page}")
+        dev = _as_slots(device_slots, num_pages - from_page, "device_slots")
+        host = _as_slots(host_slots, num_pages - from_page, "host_slots")
         if dev is None and host is None and not persisted:
             raise ValueError("insert needs a copy: device_slots, host_slots or persisted=True")
         rkey = self._root_key(namespace)
         root = self._roots.get(namespace)
         path = self._walk(root, tokens, len(tokens))
         num_old = sum(k for _, k in path)
+        if num_old < from_page:
+            raise ValueError(f"pages before from_page={from_page} must be in the tree; {num_old} are")
         new_bytes = encode_tokens(tokens[num_old * size :])  # checks the new ids before anything changes
         if num_pages == 0:
             return InsertResult(namespace, 0, 0, (), _cat([]), _cat([]), None, 0)
+        if from_page:  # index the slots by page of the request; the padding is never read
+            pad = torch.full((from_page,), -1, dtype=torch.int64)
+            dev = None if dev is None else torch.cat([pad, dev])
+            host = None if host is None else torch.cat([pad, host])
         self._clock += 1
         if root is None:
             root = self._roots[namespace] = RadixNode(0, namespace, (), (), rkey, None, self._clock)
@@ -159,6 +171,16 @@ class RadixTree:
         keys: tuple[bytes, ...] = ()
         node, page, last_pages = root, 0, 0
         for child, k in path:
+            if page < from_page < page + k:  # the pages before from_page are not this insert's
+                upper = self.split(child, from_page - page)
+                upper.last_access = self._clock
+                keys += upper.keys
+                page, k = from_page, k - upper.num_pages
+            if page + k <= from_page:
+                child.last_access = self._clock
+                keys += child.keys if k == child.num_pages else child.keys[:k]
+                node, page, last_pages = child, page + k, k
+                continue
             if k < child.num_pages and (page + k < num_pages or self._fills(child, dev, host, persisted)):
                 child = self.split(child, k)
             self._fill(child, page, k, dev, host, persisted, unneeded)
@@ -375,8 +397,9 @@ class RadixTree:
         Takes unlocked nodes with no device copy below them, lowest ``policy`` priority first (the
         tree's policy by default); calls ``on_evict(node)`` while the node still holds its slots (the
         controller backs them up or frees them there), then clears them and removes nodes left with
-        no copy. Overshoots by less than one node's pages; returns the pages evicted. If ``on_evict``
-        raises, that node keeps its slots and the error propagates.
+        no copy. ``on_evict`` returning False keeps that node's copy (it is skipped). Overshoots by
+        less than one node's pages; returns the pages evicted. If ``on_evict`` raises, that node
+        keeps its slots and the error propagates.
         """
         return self._evict(Tier.DEVICE, num_pages, policy, on_evict)
 
@@ -399,16 +422,17 @@ class RadixTree:
         def is_candidate(node: RadixNode) -> bool:
             return node.parent is not None and not node.lock_ref and node.holds(t) and not node.below[t]
 
-        def evict_one(node: RadixNode) -> RadixNode | None:
-            if on_evict is not None:
-                on_evict(node)
+        def evict_one(node: RadixNode) -> tuple[int, RadixNode | None]:
+            if on_evict is not None and on_evict(node) is False:
+                return 0, None  # the controller keeps this copy (it could not be backed up)
+            num_node_pages = node.num_pages
             if node.holds(t):
                 self._set_slots(node, tier, None)
             up = node.parent  # found before pruning: a removed node forgets its parent
             while up is not None and not up.holds(t):
                 up = up.parent
             self._prune(node)
-            return up
+            return num_node_pages, up
 
         candidates = [n for n in self._candidates.of(t) if not n.lock_ref]
         return evict_by_priority(candidates, chosen, num_pages, is_candidate, evict_one)

@@ -96,12 +96,12 @@ def evict_by_priority(
     policy: EvictionPolicy,
     num_pages: int,
     is_candidate: Callable[[RadixNode], bool],
-    evict_one: Callable[[RadixNode], RadixNode | None],
+    evict_one: Callable[[RadixNode], tuple[int, RadixNode | None]],
 ) -> int:
     """Evict nodes in ``policy`` order until ``num_pages`` pages are gone or none is left.
 
-    ``evict_one(node)`` evicts one node and returns the nearest ancestor holding the same tier (it
-    may have become a candidate), or None. Candidates are re-checked when popped, so a callback that
+    ``evict_one(node)`` evicts one node and returns (pages evicted, the nearest ancestor holding the
+    same tier, which may have become a candidate, or None); 0 pages means the node was kept. Candidates are re-checked when popped, so a callback that
     changes the tree meanwhile cannot make the loop take a node it should not. Ties go to the older
     node (smaller id), so the order is deterministic. Returns the pages evicted.
     """
@@ -113,9 +113,8 @@ def evict_by_priority(
         _, _, node = heapq.heappop(heap)
         if not is_candidate(node):
             continue
-        num_node_pages = node.num_pages
-        parent = evict_one(node)
-        evicted += num_node_pages
+        num_evicted, parent = evict_one(node)
+        evicted += num_evicted
         if parent is not None and is_candidate(parent):
             heapq.heappush(heap, (priority(parent), parent.id, parent))
     return evicted

@@ -1,0 +1,142 @@
+"""The tiered cache's statistics: thread-safe counters, and the plain frozen snapshot the API serves.
+
+Invariants: counters only grow (a snapshot minus an earlier one is the activity between them);
+every update and every snapshot happens under one lock, so a snapshot is never half of an update;
+snapshots are plain dataclasses of numbers and strings (``as_dict`` gives JSON-ready data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+
+from chunkstore.cache.ops import Ack, TransferPath
+
+HIT_TIERS = ("device", "host", "disk")
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """One memory tier, in pages (``page_size_bytes`` each)."""
+
+    capacity_pages: int
+    used_pages: int  # allocated slots (tree-held, in flight, or held by requests)
+    cached_pages: int  # held by the tree
+    evictable_pages: int  # tree-held and unlocked
+    locked_pages: int  # tree-held and locked (by requests or transfers)
+    page_size_bytes: int
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_pages * self.page_size_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        return self.used_pages * self.page_size_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DiskUsage:
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    capacity_bytes: int | None
+    compression_ratio: float
+    quarantined: int
+    evictions: int
+
+
+@dataclass(frozen=True, slots=True)
+class PathStats:
+    """One transfer path: operations, pages and bytes moved, failures, and wall time."""
+
+    num_ops: int = 0
+    num_pages: int = 0
+    num_bytes: int = 0
+    failed_pages: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+
+    @property
+    def gbps(self) -> float:
+        return self.num_bytes / self.total_s / 1e9 if self.total_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    page_size: int
+    uptime_s: float
+    device: TierUsage
+    host: TierUsage
+    disk: DiskUsage | None  # None without a disk tier
+    lookups: int  # match calls
+    lookup_tokens: int  # tokens asked for (the requests' lengths)
+    hit_tokens: dict[str, int]  # used cached tokens by the tier they were found on
+    paths: dict[str, PathStats]  # by TransferPath value
+    queue_depths: dict[str, int]  # queued or running operations, by TransferPath value
+    evicted_pages: dict[str, int]  # device, host
+    backups_skipped: int  # write-throughs not done for want of host room
+
+    @property
+    def hit_rate(self) -> float:
+        return sum(self.hit_tokens.values()) / self.lookup_tokens if self.lookup_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["hit_rate"] = self.hit_rate
+        for name in ("device", "host"):
+            usage = getattr(self, name)
+            out[name].update(capacity_bytes=usage.capacity_bytes, used_bytes=usage.used_bytes)
+        for name, path in self.paths.items():
+            out["paths"][name]["gbps"] = path.gbps
+        return out
+
+
+class CacheCounters:
+    """What the cache counts as it runs; ``record_*`` from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started_at = time.monotonic()
+        self._lookups = 0
+        self._lookup_tokens = 0
+        self._hit_tokens = dict.fromkeys(HIT_TIERS, 0)
+        self._paths = {p.value: PathStats() for p in TransferPath}
+        self._evicted = {"device": 0, "host": 0}
+        self._backups_skipped = 0
+
+    def record_lookup(self, num_tokens: int, device_tokens: int, host_tokens: int, disk_tokens: int) -> None:
+        with self._lock:
+            self._lookups += 1
+            self._lookup_tokens += num_tokens
+            for tier, n in zip(HIT_TIERS, (device_tokens, host_tokens, disk_tokens)):
+                self._hit_tokens[tier] += n
+
+    def record_ack(self, ack: Ack) -> None:
+        name = ack.op.path.value
+        with self._lock:
+            s = self._paths[name]
+            self._paths[name] = PathStats(
+                num_ops=s.num_ops + (1 if ack.is_last else 0), num_pages=s.num_pages + ack.num_ok,
+                num_bytes=s.num_bytes + ack.num_bytes, failed_pages=s.failed_pages + len(ack.ok) - ack.num_ok,
+                total_s=s.total_s + ack.elapsed_s, max_s=max(s.max_s, ack.elapsed_s))
+
+    def record_eviction(self, tier: str, num_pages: int) -> None:
+        if num_pages:
+            with self._lock:
+                self._evicted[tier] += num_pages
+
+    def record_backup_skipped(self) -> None:
+        with self._lock:
+            self._backups_skipped += 1
+
+    def snapshot(self, *, page_size: int, device: TierUsage, host: TierUsage, disk: DiskUsage | None,
+                 queue_depths: dict[str, int]) -> CacheStats:
+        with self._lock:
+            return CacheStats(
+                page_size=page_size, uptime_s=time.monotonic() - self.started_at, device=device, host=host,
+                disk=disk, lookups=self._lookups, lookup_tokens=self._lookup_tokens,
+                hit_tokens=dict(self._hit_tokens), paths=dict(self._paths), queue_depths=queue_depths,
+                evicted_pages=dict(self._evicted), backups_skipped=self._backups_skipped)

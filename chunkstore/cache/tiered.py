@@ -1,0 +1,584 @@
+"""TieredCache: the device pool, the host pool and the chunk store behind one radix tree (HiCache + disk).
+
+Invariants: every tree change happens under ``tree.lock``, and nothing waits for the controller
+while holding it (acks take it); a slot is owned by exactly one of: the free list, the tree, an
+in-flight operation, or the caller it was allocated for; a page is marked present on a tier only
+after its bytes landed there (acks, never submissions, set residency); a transfer that reads
+tree-held pages keeps them locked until its ack; eviction never drops a copy the policy keeps
+(write-back backs up before a device eviction; a host page leaves only once it is on disk, where a
+disk tier exists) and, when it cannot keep it, leaves it in place instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from chunkstore.cache.config import CacheConfig
+from chunkstore.cache.controller import DEFAULT_PREFETCH_BATCH_PAGES, TierController
+from chunkstore.cache.layout import KVLayout
+from chunkstore.cache.ops import Ack, BackupOp, LoadBackOp, PersistOp, PrefetchOp
+from chunkstore.cache.policies import PrefetchPolicy, WritePolicy
+from chunkstore.cache.pools import DevicePool, HostPool, PoolExhaustedError
+from chunkstore.cache.radix import RadixTree
+from chunkstore.cache.radix_types import InsertResult, LockHandle, MatchResult, RadixNode, TokenIds, _as_tokens
+from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsage
+from chunkstore.identity import ModelIdentity
+from chunkstore.keys import DEFAULT_NAMESPACE, chain_pages
+from chunkstore.store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+_ALLOCATE_WAIT_S = 30.0  # longest wait for in-flight transfers to release pages before giving up
+
+
+@dataclass(eq=False)
+class PrefixHit:
+    """The usable cached prefix of a request, on the device, locked until ``TieredCache.release``.
+
+    ``device_slots`` hold the KV of the first ``num_tokens`` tokens (whole pages). The ``*_tokens``
+    counts say where those tokens were found before load-back. On CUDA, ``ready`` is an event the
+    compute stream must wait on before reading slots that were loaded back (already waited on by
+    ``match`` for the caller's current stream).
+    """
+
+    namespace: str
+    page_size: int
+    device_slots: torch.Tensor
+    device_tokens: int
+    host_tokens: int
+    disk_tokens: int
+    handle: LockHandle | None
+    ready: "torch.cuda.Event | None" = None
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.device_slots)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    persisted_pages: int  # pages on disk after the flush that the tree holds in memory
+    failed_pages: int  # pages the policy keeps that could not be written down
+
+
+class TieredCache:
+    """A three-tier KV cache over token prefixes, per namespace.
+
+    The engine's cycle: ``match`` (loads what host and disk hold onto the device, returns the usable
+    prefix, locked), ``allocate_device`` for the rest, compute into those slots, ``insert`` the full
+    pages, ``release`` the hit, ``free_device`` any slot not inserted (a trailing partial page).
+    ``prefetch`` may be called early (when a request is queued) to overlap disk reads with compute.
+    Thread-safe. Raises ValueError when ``identity`` does not match ``config.page_size``.
+    """
+
+    def __init__(self, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,
+                 store: ChunkStore | None = None, prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> None:
+        if identity.page_size != config.page_size:
+            raise ValueError(f"identity has {identity.page_size} tokens per page, config page_size is "
+                             f"{config.page_size}")
+        self.config, self.identity = config, identity
+        self.layout = KVLayout.from_identity(identity)
+        self.page_size = identity.page_size
+        self.device_pool = DevicePool(self.layout, config.device_pages(self.layout), device)
+        self.host_pool = HostPool(self.layout, config.host_pages(self.layout))
+        self.tree = RadixTree(identity, config.eviction_policy)
+        self._lock = self.tree.lock
+        self._owns_store = store is None and config.use_disk
+        if self._owns_store:
+            store = ChunkStore(config.disk_path, identity, capacity_bytes=config.disk_capacity_bytes(self.layout),
+                               codec=config.codec_for(self.layout))
+        self.store = store if config.use_disk else None
+        self.counters = CacheCounters()
+        self._backing_up: set[bytes] = set()  # keys of pages in a BackupOp
+        self._persisting: set[bytes] = set()  # keys of pages in a PersistOp
+        self._prefetching: dict[bytes, PrefetchOp] = {}  # key of every page in a PrefetchOp -> op
+        self._is_closed = False
+        self.controller = TierController(self.device_pool, self.host_pool, self.store, self._apply_ack,
+                                         prefetch_batch_pages=prefetch_batch_pages)
+
+    # ---- lookups ---------------------------------------------------------------------------------
+
+    def match(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> PrefixHit:
+        """The longest cached prefix of whole pages, brought to the device and locked.
+
+        Pages found on disk are loaded into host memory (waiting as the prefetch policy says),
+        then host pages are copied to the device as far as device room allows. Counts the lookup
+        in the stats. Raises TypeError for a non-string namespace.
+        """
+        tokens = _as_tokens(token_ids)
+        with self._lock:
+            first = self.tree.match_prefix(tokens, namespace)
+        disk_pages = 0
+        if self.store is not None and len(tokens) - first.num_tokens >= self.page_size:
+            disk_pages = self._fetch_from_disk(tokens, namespace, first)
+        if first.num_host_pages == 0 and disk_pages == 0:
+            hit = self._hit(first, first.device_slots)  # the common case: all on device, or nothing
+        else:
+            try:
+                hit = self._load_back(tokens, namespace)
+            finally:
+                self.tree_unlock(first.handle)
+        used = hit.num_tokens
+        hit.device_tokens = min(used, first.num_device_tokens)
+        hit.host_tokens = min(used - hit.device_tokens, first.num_host_tokens)
+        hit.disk_tokens = used - hit.device_tokens - hit.host_tokens
+        self.counters.record_lookup(len(tokens), hit.device_tokens, hit.host_tokens, hit.disk_tokens)
+        if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE and hit.handle.node is not None:
+            with self._lock:
+                self._write_through(hit.handle.node)
+        return hit
+
+    def peek(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int, int]:
+        """(device, host, disk) tokens of the cached prefix, changing nothing and loading nothing."""
+        tokens = _as_tokens(token_ids)
+        with self._lock:
+            m = self.tree.peek_prefix(tokens, namespace)
+        disk = 0
+        if self.store is not None and len(tokens) - m.num_tokens >= self.page_size:
+            pages = chain_pages(self.identity, tokens[m.num_tokens:], namespace, parent_key=m.last_key)
+            disk = self.store.longest_prefix([p.key for p in pages]) * self.page_size
+        return m.num_device_tokens, m.num_host_tokens, disk
+
+    def release(self, hit: PrefixHit) -> None:
+        """Give back the lock of a ``match``. Raises ValueError when given back twice."""
+        if hit.handle is not None:
+            self.tree_unlock(hit.handle)
+
+    def tree_unlock(self, handle: LockHandle | None) -> None:
+        if handle is not None:
+            with self._lock:
+                self.tree.unlock(handle)
+
+    def _hit(self, m: MatchResult, device_slots: torch.Tensor, ready=None) -> PrefixHit:
+        return PrefixHit(m.namespace, self.page_size, device_slots, 0, 0, 0, m.handle, ready)
+
+    # ---- disk -> host ----------------------------------------------------------------------------
+
+    def prefetch(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> int:
+        """Start loading the on-disk part of the request's prefix into host memory; returns the
+        pages it will load (0: nothing to do). Does not wait. No-op without a disk tier."""
+        if self.store is None:
+            return 0
+        tokens = _as_tokens(token_ids)
+        with self._lock:
+            m = self.tree.match_prefix(tokens, namespace)
+        try:
+            op, _ = self._start_prefetch(tokens, namespace, m)
+            return 0 if op is None else op.num_pages
+        finally:
+            self.tree_unlock(m.handle)
+
+    def _fetch_from_disk(self, tokens: tuple[int, ...], namespace: str, m: MatchResult) -> int:
+        """Load the disk part after ``m`` into host memory per the prefetch policy; returns its pages."""
+        op, is_new = self._start_prefetch(tokens, namespace, m)
+        if op is None:
+            return 0
+        policy = self.config.prefetch_policy
+        if policy is PrefetchPolicy.WAIT_COMPLETE or (policy is PrefetchPolicy.BEST_EFFORT and is_new):
+            op.done.wait()  # best effort: a load this call started has nothing to overlap with
+        elif policy is PrefetchPolicy.TIMEOUT:
+            op.done.wait(max(0.0, op.submitted_at + self.config.prefetch_timeout_s - time.perf_counter()))
+        if not is_new and op.done.is_set():  # an earlier prefetch landed: the request may go further
+            with self._lock:
+                again = self.tree.match_prefix(tokens, namespace)
+            try:
+                if len(tokens) - again.num_tokens >= self.page_size:
+                    return op.num_pages + self._fetch_from_disk(tokens, namespace, again)
+            finally:
+                self.tree_unlock(again.handle)
+        return op.num_pages
+
+    def _start_prefetch(self, tokens: tuple[int, ...], namespace: str, m: MatchResult,
+                        ) -> tuple[PrefetchOp | None, bool]:
+        """The prefetch covering the pages after ``m`` (in flight already, or started now), and
+        whether it is new. None when nothing after ``m`` is on disk or the host has no room."""
+        pages = chain_pages(self.identity, tokens[m.num_tokens:], namespace, parent_key=m.last_key)
+        if not pages:
+            return None, False
+        with self._lock:
+            running = self._prefetching.get(pages[0].key)
+        if running is not None:
+            return running, False
+        num_pages = self.store.longest_prefix([p.key for p in pages])
+        if num_pages == 0:
+            return None, False
+        with self._lock:
+            running = self._prefetching.get(pages[0].key)
+            if running is not None:
+                return running, False
+            slots = self._allocate_host(num_pages, partial=True)
+            if slots is None or len(slots) == 0:
+                return None, False
+            num_pages = len(slots)
+            end = (m.num_pages + num_pages) * self.page_size
+            anchor = self.tree.lock_node(m.last_node) if m.last_node is not None else None
+            op = PrefetchOp(keys=tuple(p.key for p in pages[:num_pages]), namespace=namespace,
+                            token_ids=tokens[:end], from_page=m.num_pages, pages=tuple(pages[:num_pages]),
+                            host_slots=slots, anchor=anchor)
+            for key in op.keys:
+                self._prefetching[key] = op
+        self.controller.submit(op)
+        return op, True
+
+    # ---- host -> device --------------------------------------------------------------------------
+
+    def _load_back(self, tokens: tuple[int, ...], namespace: str) -> PrefixHit:
+        """Match again and copy the host part to the device, as far as room allows; the returned
+        hit holds the match's lock (which also keeps the host pages read by the copy in place)."""
+        with self._lock:
+            m = self.tree.match_prefix(tokens, namespace)
+            nodes = self._host_run(m)
+            slots = self._allocate_device(m.num_host_pages, partial=True)
+            num_pages = len(slots)
+            while nodes and sum(n.num_pages for n in nodes) > num_pages:  # only whole nodes: trim
+                last = nodes.pop()
+                kept = num_pages - sum(n.num_pages for n in nodes)
+                if kept > 0:
+                    nodes.append(self.tree.split(last, kept))
+            if not nodes:
+                if num_pages:
+                    self.device_pool.free(slots)
+                return self._hit(m, m.device_slots)
+            op = LoadBackOp(keys=tuple(k for n in nodes for k in n.keys),
+                            host_slots=m.host_slots[:num_pages], device_slots=slots)
+        self.controller.submit(op)
+        op.done.wait()
+        with self._lock:
+            if op.error is not None:
+                self.device_pool.free(slots)
+                return self._hit(m, m.device_slots)
+            offset, kept_share = 0, self._disk_host_share(nodes)
+            for node in nodes:
+                part = slots[offset:offset + node.num_pages]
+                offset += node.num_pages
+                if node.device_slots is None:
+                    self.tree.set_device_slots(node, part)
+                else:  # another request loaded it meanwhile: use its copy
+                    self.device_pool.free(part)
+                if node not in kept_share and node.lock_ref <= 1:  # no other request reads the host copy
+                    self.host_pool.free(self.tree.set_host_slots(node, None))
+            loaded = torch.cat([m.device_slots, *(node.device_slots for node in nodes)])
+        if op.event is not None:
+            torch.cuda.current_stream(self.device_pool.device).wait_event(op.event)
+        return self._hit(m, loaded, op.event)
+
+    def _host_run(self, m: MatchResult) -> list[RadixNode]:
+        """The nodes of ``m``'s host part, in order; the last is split where the match ended."""
+        node = m.last_node
+        if node is None or m.num_host_pages == 0:
+            return []
+        if m.last_node_pages < node.num_pages:
+            node = self.tree.split(node, m.last_node_pages)
+        run: list[RadixNode] = []
+        while node is not None and not node.is_root and node.device_slots is None and node.host_slots is not None:
+            run.append(node)
+            node = node.parent
+        run.reverse()
+        return run
+
+    def _disk_host_share(self, nodes: list[RadixNode]) -> set[RadixNode]:
+        """Nodes that keep their host copy after load-back: all but the disk-loaded pages beyond the
+        configured share (the share keeps the first of them, the most shared prefix)."""
+        share = self.config.disk_load_host_share
+        if share >= 1.0 or self.store is None:
+            return set(nodes)
+        kept, budget = set(), None
+        for node in nodes:
+            if not node.persisted:
+                kept.add(node)
+                continue
+            if budget is None:
+                budget = share * sum(n.num_pages for n in nodes if n.persisted)
+            if node.num_pages <= budget:
+                kept.add(node)
+                budget -= node.num_pages
+        return kept
+
+    # ---- insert and write policies ---------------------------------------------------------------
+
+    def allocate_device(self, num_pages: int) -> torch.Tensor:
+        """``num_pages`` device slots for the caller to compute into, evicting as needed (and waiting
+        for in-flight transfers to unlock pages). Raises PoolExhaustedError when they cannot be had."""
+        deadline = time.monotonic() + _ALLOCATE_WAIT_S
+        while True:
+            with self._lock:
+                slots = self._allocate_device(num_pages, partial=False)
+            if slots is not None:
+                return slots
+            if num_pages > self.device_pool.capacity_pages:
+                raise PoolExhaustedError(f"{num_pages} device pages asked; the device pool holds "
+                                         f"{self.device_pool.capacity_pages}")
+            remaining_s = deadline - time.monotonic()
+            if self.controller.num_pending == 0 or remaining_s <= 0:  # nothing in flight will free pages
+                raise PoolExhaustedError(
+                    f"{num_pages} device pages asked; {self.device_pool.num_free} free and the rest are "
+                    f"locked by requests in progress (device pool: {self.device_pool.capacity_pages} pages)")
+            self.controller.wait_idle(min(0.05, remaining_s))
+
+    def free_device(self, slots: torch.Tensor) -> None:
+        """Give back device slots from ``allocate_device`` that were not inserted."""
+        self.device_pool.free(slots)
+
+    def insert(self, token_ids: TokenIds, device_slots: torch.Tensor, namespace: str = DEFAULT_NAMESPACE,
+               ) -> InsertResult:
+        """Add the full pages of ``token_ids`` whose KV is in ``device_slots`` (one per full page,
+        the hit's slots first). The tree takes the slots of new pages; slots of pages it already held
+        are freed. Starts write-through per the write policy. Raises as ``RadixTree.insert``."""
+        tokens = _as_tokens(token_ids)
+        ready = None
+        if self.device_pool.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device_pool.device))
+        with self._lock:
+            result = self.tree.insert(tokens, namespace, device_slots=device_slots)
+            if len(result.unneeded_device_slots):
+                self.device_pool.free(result.unneeded_device_slots)
+            if result.last_node is not None and self.config.write_policy is WritePolicy.WRITE_THROUGH:
+                self._write_through(result.last_node, ready)
+        return result
+
+    def _path(self, node: RadixNode) -> Iterator[RadixNode]:
+        while node is not None and not node.is_root:
+            yield node
+            node = node.parent
+
+    def _write_through(self, last: RadixNode, ready=None) -> None:
+        """Back up the device-only nodes from ``last`` up (hot enough ones, under selective)."""
+        threshold = (self.config.write_through_threshold
+                     if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE else 0)
+        for node in list(self._path(last)):
+            if node.device_slots is not None and node.host_slots is None and node.hit_count >= threshold:
+                if not self._backup(node, ready):
+                    break
+
+    def _backup(self, node: RadixNode, ready=None) -> bool:
+        """Submit a device->host copy of ``node`` (under the lock); False when the host has no room."""
+        if node.keys[0] in self._backing_up:
+            return True
+        host = self._allocate_host(node.num_pages, partial=False)
+        if host is None:
+            self.counters.record_backup_skipped()
+            return False
+        op = BackupOp(keys=node.keys, device_slots=node.device_slots.clone(), host_slots=host,
+                      anchor=self.tree.lock_node(node), ready=ready)
+        self._backing_up.update(op.keys)
+        self.controller.submit(op)
+        return True
+
+    def _persist(self, node: RadixNode) -> None:
+        """Submit a host->disk write of ``node`` (under the lock)."""
+        if self.store is None or node.persisted or node.keys[0] in self._persisting:
+            return
+        op = PersistOp(keys=node.keys, pages=tuple(node.pages()), host_slots=node.host_slots.clone(),
+                       anchor=self.tree.lock_node(node))
+        self._persisting.update(op.keys)
+        self.controller.submit(op)
+
+    # ---- acknowledgements (on the controller's threads) ------------------------------------------
+
+    def _apply_ack(self, ack: Ack) -> None:
+        self.counters.record_ack(ack)
+        op = ack.op
+        if isinstance(op, LoadBackOp):
+            return  # the caller of _load_back waits for it and applies it
+        with self._lock:
+            if isinstance(op, PrefetchOp):
+                self._apply_prefetch(ack, op)
+            elif isinstance(op, BackupOp):
+                self._apply_backup(ack, op)
+            elif isinstance(op, PersistOp):
+                self._apply_persist(ack, op)
+
+    def _covering(self, anchor: LockHandle, keys: tuple[bytes, ...]) -> list[RadixNode]:
+        """The nodes holding ``keys`` (pages of the anchored node when the op began; splits since
+        then put new nodes above it, never below)."""
+        nodes, count = [], 0
+        for node in self._path(anchor.node):
+            nodes.append(node)
+            count += node.num_pages
+            if count >= len(keys):
+                break
+        nodes.reverse()
+        if tuple(k for n in nodes for k in n.keys) != keys:
+            raise RuntimeError("the pages of an operation are no longer where it began")  # a bug: fail loud
+        return nodes
+
+    def _apply_backup(self, ack: Ack, op: BackupOp) -> None:
+        try:
+            nodes = self._covering(op.anchor, op.keys)
+            if ack.num_ok < op.num_pages:
+                self.host_pool.free(op.host_slots)
+                return
+            offset = 0
+            for node in nodes:
+                part = op.host_slots[offset:offset + node.num_pages]
+                offset += node.num_pages
+                if node.host_slots is None:
+                    self.tree.set_host_slots(node, part)
+                else:  # a load filled it meanwhile
+                    self.host_pool.free(part[part != node.host_slots])
+            if self.store is not None and self.config.write_policy is not WritePolicy.WRITE_BACK:
+                for node in nodes:
+                    self._persist(node)
+        finally:
+            self._backing_up.difference_update(op.keys)
+            self.tree.unlock(op.anchor)
+
+    def _apply_persist(self, ack: Ack, op: PersistOp) -> None:
+        try:
+            ok = dict(zip(op.keys, ack.ok))
+            for node in self._covering(op.anchor, op.keys):
+                if all(ok[k] for k in node.keys):
+                    self.tree.mark_persisted(node)
+        finally:
+            self._persisting.difference_update(op.keys)
+            self.tree.unlock(op.anchor)
+
+    def _apply_prefetch(self, ack: Ack, op: PrefetchOp) -> None:
+        good = ack.num_leading_ok if op.num_loaded_pages == ack.start_page else 0
+        first, size = ack.start_page, self.page_size
+        try:
+            if good:
+                begin = op.from_page + first
+                result = self.tree.insert(op.token_ids[:(begin + good) * size], op.namespace,
+                                          host_slots=op.host_slots[first:first + good], persisted=True,
+                                          from_page=begin)
+                if len(result.unneeded_host_slots):
+                    self.host_pool.free(result.unneeded_host_slots)
+                new_anchor = self.tree.lock_node(result.last_node)
+                if op.anchor is not None:
+                    self.tree.unlock(op.anchor)
+                op.anchor = new_anchor
+                op.num_loaded_pages += good
+            rest = op.host_slots[first + good:first + len(ack.ok)]
+            if len(rest):
+                self.host_pool.free(rest)
+        finally:
+            if ack.is_last:
+                for key in op.keys:
+                    self._prefetching.pop(key, None)
+                if op.anchor is not None:
+                    self.tree.unlock(op.anchor)
+                    op.anchor = None
+
+    # ---- allocation and eviction (under the lock) ------------------------------------------------
+
+    def _allocate_device(self, num_pages: int, *, partial: bool) -> torch.Tensor | None:
+        return self._allocate(self.device_pool, self.tree.evict_device, self._evict_device_node, "device",
+                              num_pages, partial)
+
+    def _allocate_host(self, num_pages: int, *, partial: bool) -> torch.Tensor | None:
+        return self._allocate(self.host_pool, self.tree.evict_host, self._evict_host_node, "host",
+                              num_pages, partial)
+
+    def _allocate(self, pool, evict, on_evict, tier: str, num_pages: int, partial: bool) -> torch.Tensor | None:
+        if num_pages > pool.num_free:
+            self.counters.record_eviction(tier, evict(num_pages - pool.num_free, on_evict=on_evict))
+        if partial:
+            return pool.allocate(min(num_pages, pool.num_free))
+        return pool.allocate(num_pages) if pool.can_allocate(num_pages) else None
+
+    def _evict_device_node(self, node: RadixNode) -> bool:
+        """Free a node's device copy, backing it up first under write-back; False keeps it."""
+        if node.host_slots is None and self.config.write_policy is WritePolicy.WRITE_BACK \
+                and not self._is_on_disk(node):
+            host = self._allocate_host(node.num_pages, partial=False)
+            if host is None:
+                return False  # no room above the disk either: keep it rather than lose it
+            self.device_pool.copy_to(self.host_pool, node.device_slots, host)
+            self.tree.set_host_slots(node, host)
+        self.device_pool.free(node.device_slots)
+        return True
+
+    def _evict_host_node(self, node: RadixNode) -> bool:
+        """Free a node's host copy once it is on disk (writing it down first); False keeps it."""
+        if self.store is not None and not self._is_on_disk(node):
+            if node.keys[0] in self._persisting:
+                return False
+            start = time.perf_counter()
+            result = self.store.put(node.pages(), self.host_pool.views(node.host_slots))
+            ok = tuple(p.key not in result.failed for p in node.pages())
+            self.counters.record_ack(Ack(PersistOp(keys=node.keys), 0, ok,
+                                         sum(ok) * self.layout.page_size_bytes, time.perf_counter() - start))
+            if not all(ok):
+                return False
+            self.tree.mark_persisted(node)
+        self.host_pool.free(node.host_slots)
+        return True
+
+    def _is_on_disk(self, node: RadixNode) -> bool:
+        """Persisted, and still in the store (the marker is a hint; the store may have evicted it)."""
+        return self.store is not None and node.persisted and all(self.store.exists(node.keys))
+
+    # ---- flush, stats, close ---------------------------------------------------------------------
+
+    def flush(self, timeout_s: float | None = None) -> FlushResult:
+        """Write every page the tree holds in memory down to disk (for a planned restart) and wait.
+
+        Device-only pages are backed up to host first. Returns what is on disk and what could not
+        be written (no disk tier: nothing is written and every page counts as failed)."""
+        with self._lock:
+            for node in list(self.tree.iter_nodes()):
+                if node.device_slots is not None and node.host_slots is None:
+                    self._backup(node)
+        self.controller.wait_idle(timeout_s)
+        with self._lock:
+            for node in list(self.tree.iter_nodes()):
+                if node.host_slots is not None:
+                    self._persist(node)
+        self.controller.wait_idle(timeout_s)
+        with self._lock:
+            persisted = failed = 0
+            for node in self.tree.iter_nodes():
+                if node.device_slots is None and node.host_slots is None:
+                    continue
+                if node.persisted:
+                    persisted += node.num_pages
+                else:
+                    failed += node.num_pages
+        return FlushResult(persisted, failed)
+
+    def stats(self) -> CacheStats:
+        """A consistent snapshot of the tiers and the counters."""
+        with self._lock:
+            tree = self.tree.stats()
+            page_bytes = self.layout.page_size_bytes
+            device = TierUsage(self.device_pool.capacity_pages, self.device_pool.num_used, tree.device_pages,
+                               tree.evictable_device_pages, tree.locked_device_pages, page_bytes)
+            host = TierUsage(self.host_pool.capacity_pages, self.host_pool.num_used, tree.host_pages,
+                             tree.evictable_host_pages, tree.locked_host_pages, page_bytes)
+        disk = None
+        if self.store is not None:
+            s = self.store.stats()
+            disk = DiskUsage(s.num_chunks, s.raw_bytes, s.stored_bytes, s.capacity_bytes, s.compression_ratio,
+                             s.quarantined, s.evictions)
+        return self.counters.snapshot(page_size=self.page_size, device=device, host=host, disk=disk,
+                                      queue_depths=self.controller.queue_depths())
+
+    def close(self, *, flush: bool = False) -> None:
+        """Finish the transfers in flight (and, with ``flush``, write everything down first), stop
+        the threads and close the store this cache opened. Idempotent."""
+        if self._is_closed:
+            return
+        if flush and self.store is not None:
+            self.flush()
+        self.controller.wait_idle()
+        self.controller.close()
+        self._is_closed = True
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> "TieredCache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
