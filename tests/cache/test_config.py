@@ -91,7 +91,7 @@ def test_every_flag_parses():
         "--no-use-disk", "--disk-path", "/data/kv", "--disk-ratio", "4", "--disk-size", "100",
         "--write-policy", "write_through_selective", "--write-through-threshold", "5",
         "--prefetch-policy", "timeout", "--prefetch-timeout-s", "0.5", "--compression", "zstd",
-        "--eviction-policy", "lfu",
+        "--disk-load-host-share", "0.25", "--eviction-policy", "lfu",
     )
     c = CacheConfig.from_cli_args(args)
     assert c.model_dump() == {
@@ -99,7 +99,7 @@ def test_every_flag_parses():
         "disk_path": Path("/data/kv"), "disk_ratio": 4.0, "disk_size": 100.0,
         "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
         "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5,
-        "compression": Compression.ZSTD, "eviction_policy": EvictionPolicy.LFU,
+        "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
     }
 
 
