@@ -197,6 +197,12 @@ def cmd_bench_store(args: argparse.Namespace) -> int:
     return bench_store.run(args)
 
 
+def cmd_bench_tiers(args: argparse.Namespace) -> int:
+    from chunkstore.bench import tiers as bench_tiers
+
+    return bench_tiers.run(args)
+
+
 def cmd_soak_crash(args: argparse.Namespace) -> int:
     from chunkstore import soak
 
@@ -251,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_store.add_arguments(p)
     p.set_defaults(func=cmd_bench_store)
+    p = bsub.add_parser("tiers", help="match+insert cost, host->device and disk->device against baselines")
+    from chunkstore.bench import tiers as bench_tiers
+
+    bench_tiers.add_arguments(p)
+    p.set_defaults(func=cmd_bench_tiers)
 
     soak_parser = sub.add_parser("soak", help="long robustness runs")
     ssub = soak_parser.add_subparsers(dest="soak_command", required=True, metavar="SOAK")

@@ -9,7 +9,6 @@ tuples never hash the same bytes; keys are identical across processes and machin
 from __future__ import annotations
 
 import hashlib
-import operator
 import struct
 import sys
 from array import array
@@ -49,15 +48,20 @@ def _uint_field(tag: int, value: int) -> bytes:
 
 def encode_tokens(token_ids: Iterable[int]) -> bytes:
     """Token ids as little-endian uint32; raises ValueError for ids outside [0, 2**32)."""
-    if isinstance(token_ids, (bytes, bytearray, memoryview)):
-        token_ids = list(token_ids)  # array() would take these as raw machine words, not as ids
-    try:
-        arr = array("I", token_ids)
-    except OverflowError as exc:
-        raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
+    arr = _token_array(token_ids)
     if sys.byteorder != "little":
         arr.byteswap()
     return arr.tobytes()
+
+
+def _token_array(token_ids: Iterable[int]) -> array:
+    """Token ids as array("I"); raises ValueError outside [0, 2**32), TypeError for a non-integer."""
+    if isinstance(token_ids, (bytes, bytearray, memoryview)):
+        token_ids = list(token_ids)  # array() would take these as raw machine words, not as ids
+    try:
+        return array("I", token_ids)
+    except OverflowError as exc:
+        raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
 
 
 def decode_tokens(data: bytes) -> tuple[int, ...]:
@@ -96,6 +100,25 @@ def page_key(parent_key: bytes, token_bytes: bytes) -> bytes:
     return h.digest()
 
 
+_PARENT_FIELD_HEAD = struct.pack(">BI", TAG_PARENT, KEY_SIZE_BYTES)
+
+
+def chain_keys(parent_key: bytes, token_bytes: bytes, page_size: int) -> list[bytes]:
+    """The chained keys of the whole pages in ``token_bytes`` (from encode_tokens), from
+    ``parent_key`` on: ``page_key`` per page, hashed in one call each (the hot path of an insert).
+    A trailing partial page is ignored."""
+    if len(parent_key) != KEY_SIZE_BYTES:
+        raise ValueError(f"parent key must be {KEY_SIZE_BYTES} bytes, got {len(parent_key)}")
+    page_bytes = page_size * 4
+    tokens_head = struct.pack(">BI", TAG_TOKENS, page_bytes)
+    blake2b, keys, prev = hashlib.blake2b, [], parent_key
+    for start in range(0, len(token_bytes) - page_bytes + 1, page_bytes):
+        prev = blake2b(b"".join((_PARENT_FIELD_HEAD, prev, tokens_head, token_bytes[start:start + page_bytes])),
+                       digest_size=KEY_SIZE_BYTES, person=_PAGE_PERSON).digest()
+        keys.append(prev)
+    return keys
+
+
 @dataclass(frozen=True, slots=True)
 class PageRef:
     """One full page of a prefix: its key, its parent's key and its token ids."""
@@ -127,11 +150,14 @@ def chain_pages(
     parent = root_key(identity, namespace) if parent_key is None else parent_key
     size = identity.page_size
     tokens = list(token_ids)
-    pages: list[PageRef] = []
-    for start in range(0, len(tokens) - size + 1, size):
-        # operator.index, not int(): int(1.7) == 1 would give a float token the key of another id.
-        page_tokens = tuple(operator.index(t) for t in tokens[start : start + size])
-        key = page_key(parent, encode_tokens(page_tokens))
-        pages.append(PageRef(key=key, parent_key=parent, token_ids=page_tokens, namespace=namespace))
-        parent = key
-    return pages
+    usable = len(tokens) - len(tokens) % size
+    # array("I") converts in C and, like operator.index, refuses floats (int(1.7) == 1 would give
+    # a float token the key of another id) and ids outside [0, 2**32).
+    arr = _token_array(tokens[:usable])
+    whole = tuple(arr)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    keys = chain_keys(parent, arr.tobytes(), size)
+    parents = [parent, *keys[:-1]]
+    return [PageRef(key=k, parent_key=p, token_ids=whole[i * size : (i + 1) * size], namespace=namespace)
+            for i, (k, p) in enumerate(zip(keys, parents))]

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from chunkstore import keys
 from chunkstore.identity import DTYPE_CODES, ModelIdentity
 from chunkstore.keys import (
-    KEY_SIZE_BYTES, PageRef, chain_pages, decode_tokens, encode_tokens, page_key, root_key,
+    KEY_SIZE_BYTES, PageRef, chain_keys, chain_pages, decode_tokens, encode_tokens, page_key, root_key,
 )
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "KEYS.md"
@@ -483,3 +483,17 @@ def test_keys_are_identical_in_other_processes(tmp_path):
     assert results[0]["hash"] != results[1]["hash"], "PYTHONHASHSEED did not change str hashing"
     for result in results:
         assert result["keys"] == expected
+
+
+def test_chain_keys_equals_page_key_chained():
+    parent = b"\x07" * 32
+    tokens = list(range(4 * 5 + 3))  # five whole pages and a partial one
+    data = encode_tokens(tokens)
+    expected, prev = [], parent
+    for page in range(5):
+        prev = page_key(prev, data[page * 16 : (page + 1) * 16])
+        expected.append(prev)
+    assert chain_keys(parent, data, 4) == expected
+    assert chain_keys(parent, data[:12], 4) == []
+    with pytest.raises(ValueError):
+        chain_keys(b"short", data, 4)

@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing
 import mmap
+import multiprocessing
 import os
-import threading
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,20 +31,28 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from chunkstore.bench.kvdata import KVSource, entropy_bound_ratio, make_pages, plane_entropies_bits
+from chunkstore.bench.common import GB, MIB, Target, files_under, make_cold
+from chunkstore.bench.kvdata import (
+    KVSource,
+    entropy_bound_ratio,
+    make_pages,
+    plane_entropies_bits,
+)
 from chunkstore.codec import Codec
 from chunkstore.identity import DTYPE_ITEMSIZE, ModelIdentity
 from chunkstore.index import ChunkRow
 from chunkstore.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
-from chunkstore.store import TORCH_DTYPES, ChunkStore, default_num_workers, page_tensor_bytes
+from chunkstore.store import (
+    TORCH_DTYPES,
+    ChunkStore,
+    default_num_workers,
+    page_tensor_bytes,
+)
 
-MIB = 1 << 20
-GB = 1e9
 CHAIN_PAGES = 128  # pages per synthetic prompt, and the chain length exists() is timed on
 VOCAB_SIZE = 128_256  # Llama-3's, for plausible token ids
 _FILL_BATCH_ROWS = 20_000
 _EXISTS_REPEATS = 101
-_DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
 @dataclass(slots=True)
@@ -104,21 +112,6 @@ class StoreBenchConfig:
         return max(1, math.ceil(self.size_mb * MIB / self.identity.page_size_bytes))
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    name: str
-    value: float
-    op: str  # ">=" or "<="
-    threshold: float
-
-    @property
-    def passed(self) -> bool:
-        return self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
-
-    def to_dict(self) -> dict:
-        return {"value": self.value, "target": f"{self.op} {self.threshold:g}", "pass": self.passed}
-
-
 @dataclass(slots=True)
 class _Timers:
     """Wall seconds and process CPU seconds (all threads, user + system) per named step."""
@@ -138,33 +131,6 @@ class _Timers:
 
     def cpu_s_per_gb(self, name: str, num_bytes: int) -> float:
         return self.cpu_seconds[name] / (num_bytes / GB)
-
-
-# -- cold caches -----------------------------------------------------------------------------
-
-def make_cold(paths: Iterable[Path]) -> str:
-    """Evict ``paths`` (files, already fsynced) from the page cache; returns the method used:
-    'drop_caches' (the whole cache, needs root), 'fadvise_dontneed' (each file), or 'none'."""
-    os.sync()
-    try:
-        _DROP_CACHES.write_text("3\n")
-        return "drop_caches"
-    except OSError:
-        pass
-    try:
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        return "fadvise_dontneed"
-    except (OSError, AttributeError):  # AttributeError: no posix_fadvise on this platform
-        return "none"
-
-
-def _files_under(root: Path) -> list[Path]:
-    return [Path(d) / f for d, _, files in os.walk(root) for f in files]
 
 
 def vm_rss_bytes() -> int:
@@ -311,7 +277,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
             list(reader_pool.map(lambda j: raw_read_direct_into(raw_path["raw"][b[j]], dest_bytes[j]),
                                  range(len(b))))
 
-        cold_method = make_cold([*_files_under(store_dir), *raw_path["raw"], *raw_path["raw_1stream"]])
+        cold_method = make_cold([*files_under(store_dir), *raw_path["raw"], *raw_path["raw_1stream"]])
         read_steps = [("store", get), ("raw", read_pool), ("raw_1stream", read_1stream)]
         if hasattr(os, "O_DIRECT"):  # O_DIRECT reads the disk whatever the page cache holds
             read_steps.append(("raw_direct", read_direct))
@@ -436,7 +402,7 @@ def _measure_exists(cfg: StoreBenchConfig, work: Path) -> dict:
     spawn = multiprocessing.get_context("spawn")  # fork would inherit this process's heap and imports
     with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as child:
         child.submit(vm_rss_bytes).result()  # start it and import everything before the cache is dropped
-        cold_method = make_cold(_files_under(index_dir))
+        cold_method = make_cold(files_under(index_dir))
         looked_up = child.submit(_open_and_look_up, str(index_dir), identity.to_json(),
                                  [p.key for p in chain], [p.key for p in absent], _EXISTS_REPEATS).result()
     return {"index_rows": num_rows, "index_fill_s": fill_s, "index_cold_method": cold_method, **looked_up}

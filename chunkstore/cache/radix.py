@@ -21,7 +21,7 @@ from chunkstore.cache.radix_types import (
     _as_slots, _as_tokens, _cat,
 )
 from chunkstore.identity import ModelIdentity
-from chunkstore.keys import DEFAULT_NAMESPACE, encode_tokens, page_key, root_key
+from chunkstore.keys import DEFAULT_NAMESPACE, chain_keys, encode_tokens, root_key
 
 class RadixTree:
     """Radix tree of whole pages, one root per namespace; see docs/RADIX.md.
@@ -177,6 +177,8 @@ class RadixTree:
                 keys += upper.keys
                 page, k = from_page, k - upper.num_pages
             if page + k <= from_page:
+                if k < child.num_pages and page + k < num_pages:  # new pages go after page k, not the node's end
+                    child = self.split(child, k)
                 child.last_access = self._clock
                 keys += child.keys if k == child.num_pages else child.keys[:k]
                 node, page, last_pages = child, page + k, k
@@ -213,10 +215,8 @@ class RadixTree:
             held = node.slots(tier)
             if held is None:
                 self._set_slots(node, tier, offered.clone())  # k == num_pages here: a fill splits first
-            else:
-                extra = offered[offered != held[:k]]
-                if len(extra):
-                    unneeded[tier.index].append(extra)
+            elif not torch.equal(offered, held[:k]):  # the usual case: the match's own slots back
+                unneeded[tier.index].append(offered[offered != held[:k]])
         if persisted and not node.persisted:
             self._set_persisted(node, True)
 
@@ -224,12 +224,7 @@ class RadixTree:
         self, parent: RadixNode, tokens: tuple[int, ...], token_bytes: bytes, page: int,
         dev: torch.Tensor | None, host: torch.Tensor | None, persisted: bool,
     ) -> RadixNode:
-        page_bytes = self.page_size * 4  # encode_tokens writes 4 bytes per id
-        keys: list[bytes] = []
-        prev = parent.last_key
-        for start in range(0, len(token_bytes), page_bytes):
-            prev = page_key(prev, token_bytes[start : start + page_bytes])
-            keys.append(prev)
+        keys = chain_keys(parent.last_key, token_bytes, self.page_size)
         leaf = RadixNode(next(self._ids), parent.namespace, tokens, tuple(keys), parent.last_key, parent, self._clock)
         parent.children[tokens[: self.page_size]] = leaf
         self._num_nodes += 1

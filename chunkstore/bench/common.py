@@ -1,0 +1,56 @@
+"""What the benchmarks share: decimal units, reported (never asserted) targets, and cold page caches.
+
+Invariants: throughputs are decimal GB/s of logical (uncompressed) bytes; a target is reported
+with its measured value and verdict, and only ``--strict`` turns a miss into an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+MIB = 1 << 20
+GB = 1e9
+_DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    value: float
+    op: str  # ">=" or "<="
+    threshold: float
+
+    @property
+    def passed(self) -> bool:
+        return self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "target": f"{self.op} {self.threshold:g}", "pass": self.passed}
+
+
+def make_cold(paths: Iterable[Path]) -> str:
+    """Evict ``paths`` (files, already fsynced) from the page cache; returns the method used:
+    'drop_caches' (the whole cache, needs root), 'fadvise_dontneed' (each file), or 'none'."""
+    os.sync()
+    try:
+        _DROP_CACHES.write_text("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    try:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise_dontneed"
+    except (OSError, AttributeError):  # AttributeError: no posix_fadvise on this platform
+        return "none"
+
+
+def files_under(root: Path) -> list[Path]:
+    return [Path(d) / f for d, _, files in os.walk(root) for f in files]
