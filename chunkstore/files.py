@@ -166,7 +166,7 @@ class ChunkFiles:
         try:
             self.path_for(key).unlink()
             return True
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no such file, or its folder is not one
             return False
 
     # -- reading ---------------------------------------------------------------------------

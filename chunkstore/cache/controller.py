@@ -28,10 +28,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFETCH_BATCH_PAGES = 128  # pages per store read batch: as the store benchmark's batches
 
 
-class ControllerClosedError(RuntimeError):
-    """An operation was submitted after ``close``."""
-
-
 class _Worker:
     """One thread draining one queue; each op's acks go to ``on_ack`` in order."""
 
@@ -40,7 +36,6 @@ class _Worker:
         self.path = path
         self.queue: queue.Queue[TransferOp | None] = queue.Queue()
         self._run, self._on_ack, self._on_finished = run, on_ack, on_finished
-        self.num_running = 0
         self.thread = threading.Thread(target=self._loop, name=f"chunkstore-{path.value}", daemon=True)
         self.thread.start()
 
@@ -49,11 +44,9 @@ class _Worker:
             op = self.queue.get()
             if op is None:
                 return
-            self.num_running = 1
             try:
                 self._execute(op)
             finally:
-                self.num_running = 0
                 op.done.set()
                 self._on_finished(op)
 
@@ -61,7 +54,7 @@ class _Worker:
         is_finished = False
         try:
             for ack in self._run(op):
-                self._deliver(ack)
+                self.deliver(ack)
                 is_finished = ack.is_last
                 if is_finished:
                     return
@@ -70,9 +63,9 @@ class _Worker:
             op.error = f"{type(exc).__name__}: {exc}"
         if not is_finished:
             rest = op.num_pages - op.num_acked_pages
-            self._deliver(Ack(op, op.num_acked_pages, (False,) * rest, 0, 0.0, True, op.error or "stopped"))
+            self.deliver(Ack(op, op.num_acked_pages, (False,) * rest, 0, 0.0, True, op.error or "stopped"))
 
-    def _deliver(self, ack: Ack) -> None:
+    def deliver(self, ack: Ack) -> None:
         ack.op.num_acked_pages = ack.start_page + len(ack.ok)
         try:
             self._on_ack(ack)
@@ -99,6 +92,7 @@ class TierController:
         self._streams = {p: torch.cuda.Stream(device_pool.device) if uses_cuda else None
                          for p in (TransferPath.DEVICE_TO_HOST, TransferPath.HOST_TO_DEVICE)}
         self._pending = 0
+        self._pending_by_path = dict.fromkeys(TransferPath, 0)  # counted with _pending, under _idle
         self._idle = threading.Condition()
         self._is_closed = False
         runs = {
@@ -112,19 +106,27 @@ class TierController:
     # -- submission and waiting --------------------------------------------------------------------
 
     def submit(self, op: TransferOp) -> None:
-        """Queue ``op`` on its path's worker. Raises ControllerClosedError after ``close`` and
-        ValueError for a disk path without a store."""
+        """Queue ``op`` on its path's worker. After ``close`` the op fails at once, on this thread:
+        its failure ack is delivered (so the cache frees what the op owned) and ``done`` is set.
+        Raises ValueError for a disk path without a store."""
         if op.path in (TransferPath.HOST_TO_DISK, TransferPath.DISK_TO_HOST) and self.store is None:
             raise ValueError(f"{op.path.value} needs a disk tier")
         with self._idle:
-            if self._is_closed:
-                raise ControllerClosedError("the tier controller is closed")
-            self._pending += 1
+            is_closed = self._is_closed
+            if not is_closed:
+                self._pending += 1
+                self._pending_by_path[op.path] += 1
+        if is_closed:
+            op.error = "the tier controller is closed"
+            self._workers[op.path].deliver(Ack(op, 0, (False,) * op.num_pages, 0, 0.0, True, op.error))
+            op.done.set()
+            return
         self._workers[op.path].queue.put(op)
 
     def _finished(self, op: TransferOp) -> None:
         with self._idle:
             self._pending -= 1
+            self._pending_by_path[op.path] -= 1
             if self._pending == 0:
                 self._idle.notify_all()
 
@@ -143,7 +145,8 @@ class TierController:
 
     def queue_depths(self) -> dict[str, int]:
         """Operations queued or running, per path."""
-        return {p.value: w.queue.qsize() + w.num_running for p, w in self._workers.items()}
+        with self._idle:  # counted at submit and at the last ack: never 0 while a worker holds an op
+            return {p.value: n for p, n in self._pending_by_path.items()}
 
     def close(self, timeout_s: float | None = None) -> None:
         """Finish what is queued, then stop the threads. Idempotent."""
@@ -174,7 +177,10 @@ class TierController:
 
     def _load_back(self, op: LoadBackOp) -> Iterator[Ack]:
         start = time.perf_counter()
-        op.event = self._copy(op.path, self.host_pool, self.device_pool, op.host_slots, op.device_slots)
+        op.event = self._copy(op.path, self.host_pool, self.device_pool, op.host_slots, op.device_slots,
+                              op.ready)
+        if op.event is not None:
+            op.event.synchronize()  # acked only once landed: other requests may use the pages at once
         yield self._all_ok(op, start)
 
     def _persist(self, op: PersistOp) -> Iterator[Ack]:
@@ -195,7 +201,8 @@ class TierController:
             hits = self.store.get_into(op.pages[begin:end], self.host_pool.views(op.host_slots[begin:end]))
             ok = tuple(hits)
             if not all(ok):  # a hole ends the chain: the pages after it are of no use
-                yield Ack(op, begin, ok + (False,) * (n - end), sum(ok) * page_bytes,
+                good = ok.index(False)  # pages read after the hole are discarded: not moved
+                yield Ack(op, begin, ok[:good] + (False,) * (n - begin - good), good * page_bytes,
                           time.perf_counter() - start, True, "missing or corrupt on disk")
                 return
             yield Ack(op, begin, ok, len(ok) * page_bytes, time.perf_counter() - start, end == n)

@@ -94,7 +94,9 @@ class LoadBackOp(TransferOp):
 
     host_slots: torch.Tensor = None
     device_slots: torch.Tensor = None
-    event: "torch.cuda.Event | None" = None  # on CUDA: recorded after the copy; compute waits on it
+    ready: "torch.cuda.Event | None" = None  # recorded on the caller's stream: its queued work on
+    # the destination slots (freed by an eviction just now) finishes before the copy overwrites them
+    event: "torch.cuda.Event | None" = None  # on CUDA: recorded after the copy
 
     def __post_init__(self) -> None:
         self.path = TransferPath.HOST_TO_DEVICE

@@ -11,6 +11,7 @@ disk tier exists) and, when it cannot keep it, leaves it in place instead.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -116,7 +117,7 @@ class TieredCache:
         """
         tokens = _as_tokens(token_ids)
         with self._lock:
-            first = self.tree.match_prefix(tokens, namespace)
+            first = self._lock_exactly(self.tree.match_prefix(tokens, namespace))
         disk_pages = 0
         if self.store is not None and len(tokens) - first.num_tokens >= self.page_size:
             disk_pages = self._fetch_from_disk(tokens, namespace, first)
@@ -133,8 +134,9 @@ class TieredCache:
         hit.disk_tokens = used - hit.device_tokens - hit.host_tokens
         self.counters.record_lookup(len(tokens), hit.device_tokens, hit.host_tokens, hit.disk_tokens)
         if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE and hit.handle.node is not None:
+            ready = self._caller_event()
             with self._lock:
-                self._write_through(hit.handle.node)
+                self._write_through(hit.handle.node, ready)
         return hit
 
     def peek(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int, int]:
@@ -158,6 +160,32 @@ class TieredCache:
             with self._lock:
                 self.tree.unlock(handle)
 
+    def _relock(self, tokens: tuple[int, ...], namespace: str) -> MatchResult:
+        """The prefix again, locked, but not counted as a hit: a request's hits are counted once, by
+        its first match, however often the cache looks again (under the lock)."""
+        m = self.tree.peek_prefix(tokens, namespace)
+        m = self._split_at_end(m)
+        handle = self.tree.lock_node(m.last_node) if m.last_node is not None else LockHandle(None)
+        return dataclasses.replace(m, handle=handle)
+
+    def _split_at_end(self, m: MatchResult) -> MatchResult:
+        """``m`` with its last node cut where the match ended (under the lock), so that a lock on it
+        covers the matched pages only: locking pages after them could starve the request of room."""
+        node = m.last_node
+        if node is None or m.last_node_pages == node.num_pages:
+            return m
+        upper = self.tree.split(node, m.last_node_pages)
+        return dataclasses.replace(m, last_node=upper, last_node_pages=upper.num_pages)
+
+    def _lock_exactly(self, m: MatchResult) -> MatchResult:
+        """A match whose lock covers exactly its pages (moves the lock of ``match_prefix``)."""
+        trimmed = self._split_at_end(m)
+        if trimmed is m:
+            return m
+        handle = self.tree.lock_node(trimmed.last_node)
+        self.tree.unlock(m.handle)
+        return dataclasses.replace(trimmed, handle=handle)
+
     def _hit(self, m: MatchResult, device_slots: torch.Tensor, ready=None) -> PrefixHit:
         return PrefixHit(m.namespace, self.page_size, device_slots, 0, 0, 0, m.handle, ready)
 
@@ -170,7 +198,7 @@ class TieredCache:
             return 0
         tokens = _as_tokens(token_ids)
         with self._lock:
-            m = self.tree.match_prefix(tokens, namespace)
+            m = self._relock(tokens, namespace)
         try:
             op, _ = self._start_prefetch(tokens, namespace, m)
             return 0 if op is None else op.num_pages
@@ -189,7 +217,7 @@ class TieredCache:
             op.done.wait(max(0.0, op.submitted_at + self.config.prefetch_timeout_s - time.perf_counter()))
         if not is_new and op.done.is_set():  # an earlier prefetch landed: the request may go further
             with self._lock:
-                again = self.tree.match_prefix(tokens, namespace)
+                again = self._relock(tokens, namespace)
             try:
                 if len(tokens) - again.num_tokens >= self.page_size:
                     return op.num_pages + self._fetch_from_disk(tokens, namespace, again)
@@ -235,7 +263,7 @@ class TieredCache:
         """Match again and copy the host part to the device, as far as room allows; the returned
         hit holds the match's lock (which also keeps the host pages read by the copy in place)."""
         with self._lock:
-            m = self.tree.match_prefix(tokens, namespace)
+            m = self._relock(tokens, namespace)
             nodes = self._host_run(m)
             slots = self._allocate_device(m.num_host_pages, partial=True)
             num_pages = len(slots)
@@ -249,13 +277,18 @@ class TieredCache:
                     self.device_pool.free(slots)
                 return self._hit(m, m.device_slots)
             op = LoadBackOp(keys=tuple(k for n in nodes for k in n.keys),
-                            host_slots=m.host_slots[:num_pages], device_slots=slots)
+                            host_slots=m.host_slots[:num_pages], device_slots=slots, ready=self._caller_event())
         self.controller.submit(op)
         op.done.wait()
+        if op.event is not None and self.config.disk_load_host_share < 1.0:
+            op.event.synchronize()  # host copies may be freed below: the copy must have read them
         with self._lock:
             if op.error is not None:
                 self.device_pool.free(slots)
                 return self._hit(m, m.device_slots)
+            # Another request may have split these nodes while the lock was free; splits keep the
+            # last node and put new ones above it, so the pages are found again from there.
+            nodes = self._covering(nodes[-1], op.keys)
             offset, kept_share = 0, self._disk_host_share(nodes)
             for node in nodes:
                 part = slots[offset:offset + node.num_pages]
@@ -334,10 +367,7 @@ class TieredCache:
         the hit's slots first). The tree takes the slots of new pages; slots of pages it already held
         are freed. Starts write-through per the write policy. Raises as ``RadixTree.insert``."""
         tokens = _as_tokens(token_ids)
-        ready = None
-        if self.device_pool.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device_pool.device))
+        ready = self._caller_event()
         with self._lock:
             result = self.tree.insert(tokens, namespace, device_slots=device_slots)
             if len(result.unneeded_device_slots):
@@ -345,6 +375,15 @@ class TieredCache:
             if result.last_node is not None and self.config.write_policy is WritePolicy.WRITE_THROUGH:
                 self._write_through(result.last_node, ready)
         return result
+
+    def _caller_event(self) -> "torch.cuda.Event | None":
+        """On CUDA, an event after the work queued so far on the caller's stream (the compute that
+        wrote or still reads device pages): copies on the controller's streams wait on it."""
+        if self.device_pool.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device_pool.device))
+        return event
 
     def _path(self, node: RadixNode) -> Iterator[RadixNode]:
         while node is not None and not node.is_root:
@@ -398,11 +437,11 @@ class TieredCache:
             elif isinstance(op, PersistOp):
                 self._apply_persist(ack, op)
 
-    def _covering(self, anchor: LockHandle, keys: tuple[bytes, ...]) -> list[RadixNode]:
-        """The nodes holding ``keys`` (pages of the anchored node when the op began; splits since
-        then put new nodes above it, never below)."""
+    def _covering(self, last: RadixNode, keys: tuple[bytes, ...]) -> list[RadixNode]:
+        """The nodes holding ``keys``, ending with ``last`` (the locked node that held the last of
+        them when the op began; splits since then put new nodes above it, never below)."""
         nodes, count = [], 0
-        for node in self._path(anchor.node):
+        for node in self._path(last):
             nodes.append(node)
             count += node.num_pages
             if count >= len(keys):
@@ -414,7 +453,7 @@ class TieredCache:
 
     def _apply_backup(self, ack: Ack, op: BackupOp) -> None:
         try:
-            nodes = self._covering(op.anchor, op.keys)
+            nodes = self._covering(op.anchor.node, op.keys)
             if ack.num_ok < op.num_pages:
                 self.host_pool.free(op.host_slots)
                 return
@@ -436,7 +475,7 @@ class TieredCache:
     def _apply_persist(self, ack: Ack, op: PersistOp) -> None:
         try:
             ok = dict(zip(op.keys, ack.ok))
-            for node in self._covering(op.anchor, op.keys):
+            for node in self._covering(op.anchor.node, op.keys):
                 if all(ok[k] for k in node.keys):
                     self.tree.mark_persisted(node)
         finally:
@@ -465,7 +504,8 @@ class TieredCache:
         finally:
             if ack.is_last:
                 for key in op.keys:
-                    self._prefetching.pop(key, None)
+                    if self._prefetching.get(key) is op:  # a later op may cover the key by now
+                        del self._prefetching[key]
                 if op.anchor is not None:
                     self.tree.unlock(op.anchor)
                     op.anchor = None
@@ -494,7 +534,11 @@ class TieredCache:
             host = self._allocate_host(node.num_pages, partial=False)
             if host is None:
                 return False  # no room above the disk either: keep it rather than lose it
+            start = time.perf_counter()
             self.device_pool.copy_to(self.host_pool, node.device_slots, host)
+            self.counters.record_ack(Ack(BackupOp(keys=node.keys), 0, (True,) * node.num_pages,
+                                         node.num_pages * self.layout.page_size_bytes,
+                                         time.perf_counter() - start))
             self.tree.set_host_slots(node, host)
         self.device_pool.free(node.device_slots)
         return True
@@ -505,8 +549,12 @@ class TieredCache:
             if node.keys[0] in self._persisting:
                 return False
             start = time.perf_counter()
-            result = self.store.put(node.pages(), self.host_pool.views(node.host_slots))
-            ok = tuple(p.key not in result.failed for p in node.pages())
+            try:
+                result = self.store.put(node.pages(), self.host_pool.views(node.host_slots))
+                ok = tuple(p.key not in result.failed for p in node.pages())
+            except Exception as exc:  # as on the controller's persist path: a failed write keeps the copy
+                log.error("writing %d pages down before a host eviction failed: %s", node.num_pages, exc)
+                ok = (False,) * node.num_pages
             self.counters.record_ack(Ack(PersistOp(keys=node.keys), 0, ok,
                                          sum(ok) * self.layout.page_size_bytes, time.perf_counter() - start))
             if not all(ok):
@@ -533,7 +581,9 @@ class TieredCache:
         self.controller.wait_idle(timeout_s)
         with self._lock:
             for node in list(self.tree.iter_nodes()):
-                if node.host_slots is not None:
+                if node.host_slots is not None and not self._is_on_disk(node):
+                    if node.persisted:  # the store evicted it since: write it again
+                        self.tree.mark_persisted(node, False)
                     self._persist(node)
         self.controller.wait_idle(timeout_s)
         with self._lock:
