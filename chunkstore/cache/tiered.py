@@ -22,7 +22,7 @@ import torch
 from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.controller import DEFAULT_PREFETCH_BATCH_PAGES, TierController
 from chunkstore.cache.layout import KVLayout
-from chunkstore.cache.ops import Ack, BackupOp, LoadBackOp, PersistOp, PrefetchOp
+from chunkstore.cache.ops import Ack, BackupOp, LoadBackOp, PersistOp, PrefetchOp, TransferPath
 from chunkstore.cache.policies import PrefetchPolicy, WritePolicy
 from chunkstore.cache.pools import DevicePool, HostPool, PoolExhaustedError
 from chunkstore.cache.radix import RadixTree
@@ -35,6 +35,7 @@ from chunkstore.store import ChunkStore
 log = logging.getLogger(__name__)
 
 _ALLOCATE_WAIT_S = 30.0  # longest wait for in-flight transfers to release pages before giving up
+_LOAD_BACK_WAIT_S = 1.0  # longest a load-back waits for write-through copies to unlock device pages
 
 
 @dataclass(eq=False)
@@ -108,19 +109,22 @@ class TieredCache:
 
     # ---- lookups ---------------------------------------------------------------------------------
 
-    def match(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> PrefixHit:
+    def match(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE, *,
+              wait_for_prefetch: bool | None = None) -> PrefixHit:
         """The longest cached prefix of whole pages, brought to the device and locked.
 
-        Pages found on disk are loaded into host memory (waiting as the prefetch policy says),
-        then host pages are copied to the device as far as device room allows. Counts the lookup
-        in the stats. Raises TypeError for a non-string namespace.
+        Pages found on disk are loaded into host memory, then host pages are copied to the device
+        as far as device room allows (waiting a little for transfers that hold device pages).
+        ``wait_for_prefetch`` overrides the prefetch policy for a prefetch already in flight: True
+        waits for all of it (a caller with nothing else to do should), False takes what has
+        landed. Counts the lookup in the stats. Raises TypeError for a non-string namespace.
         """
         tokens = _as_tokens(token_ids)
         with self._lock:
             first = self._lock_exactly(self.tree.match_prefix(tokens, namespace))
         disk_pages = 0
         if self.store is not None and len(tokens) - first.num_tokens >= self.page_size:
-            disk_pages = self._fetch_from_disk(tokens, namespace, first)
+            disk_pages = self._fetch_from_disk(tokens, namespace, first, wait_for_prefetch)
         if first.num_host_pages == 0 and disk_pages == 0:
             hit = self._hit(first, first.device_slots)  # the common case: all on device, or nothing
         else:
@@ -205,13 +209,17 @@ class TieredCache:
         finally:
             self.tree_unlock(m.handle)
 
-    def _fetch_from_disk(self, tokens: tuple[int, ...], namespace: str, m: MatchResult) -> int:
+    def _fetch_from_disk(self, tokens: tuple[int, ...], namespace: str, m: MatchResult,
+                         wait_for_prefetch: bool | None = None) -> int:
         """Load the disk part after ``m`` into host memory per the prefetch policy; returns its pages."""
         op, is_new = self._start_prefetch(tokens, namespace, m)
         if op is None:
             return 0
         policy = self.config.prefetch_policy
-        if policy is PrefetchPolicy.WAIT_COMPLETE or (policy is PrefetchPolicy.BEST_EFFORT and is_new):
+        if not is_new and wait_for_prefetch is not None:
+            if wait_for_prefetch:
+                op.done.wait()
+        elif policy is PrefetchPolicy.WAIT_COMPLETE or (policy is PrefetchPolicy.BEST_EFFORT and is_new):
             op.done.wait()  # best effort: a load this call started has nothing to overlap with
         elif policy is PrefetchPolicy.TIMEOUT:
             op.done.wait(max(0.0, op.submitted_at + self.config.prefetch_timeout_s - time.perf_counter()))
@@ -220,7 +228,7 @@ class TieredCache:
                 again = self._relock(tokens, namespace)
             try:
                 if len(tokens) - again.num_tokens >= self.page_size:
-                    return op.num_pages + self._fetch_from_disk(tokens, namespace, again)
+                    return op.num_pages + self._fetch_from_disk(tokens, namespace, again, wait_for_prefetch)
             finally:
                 self.tree_unlock(again.handle)
         return op.num_pages
@@ -262,22 +270,22 @@ class TieredCache:
     def _load_back(self, tokens: tuple[int, ...], namespace: str) -> PrefixHit:
         """Match again and copy the host part to the device, as far as room allows; the returned
         hit holds the match's lock (which also keeps the host pages read by the copy in place)."""
-        with self._lock:
-            m = self._relock(tokens, namespace)
-            nodes = self._host_run(m)
-            slots = self._allocate_device(m.num_host_pages, partial=True)
-            num_pages = len(slots)
-            while nodes and sum(n.num_pages for n in nodes) > num_pages:  # only whole nodes: trim
-                last = nodes.pop()
-                kept = num_pages - sum(n.num_pages for n in nodes)
-                if kept > 0:
-                    nodes.append(self.tree.split(last, kept))
-            if not nodes:
-                if num_pages:
-                    self.device_pool.free(slots)
-                return self._hit(m, m.device_slots)
-            op = LoadBackOp(keys=tuple(k for n in nodes for k in n.keys),
-                            host_slots=m.host_slots[:num_pages], device_slots=slots, ready=self._caller_event())
+        deadline = time.monotonic() + _LOAD_BACK_WAIT_S
+        while True:
+            with self._lock:
+                m = self._relock(tokens, namespace)
+                nodes = self._host_run(m)
+                slots = self._allocate_device(m.num_host_pages, partial=True)
+                is_short = len(slots) < m.num_host_pages
+                if is_short and self._is_device_backup_pending() and time.monotonic() < deadline:
+                    self.device_pool.free(slots)  # try again once backups have unlocked their pages
+                    self.tree.unlock(m.handle)
+                else:
+                    op = self._plan_load_back(m, nodes, slots)
+                    break
+            self.controller.wait_idle(0.01)
+        if op is None:
+            return self._hit(m, m.device_slots)
         self.controller.submit(op)
         op.done.wait()
         if op.event is not None and self.config.disk_load_host_share < 1.0:
@@ -303,6 +311,23 @@ class TieredCache:
         if op.event is not None:
             torch.cuda.current_stream(self.device_pool.device).wait_event(op.event)
         return self._hit(m, loaded, op.event)
+
+    def _plan_load_back(self, m: MatchResult, nodes: list[RadixNode], slots: torch.Tensor) -> LoadBackOp | None:
+        """The copy of the first ``len(slots)`` host pages of ``m`` (under the lock): ``nodes`` is
+        trimmed in place to whole nodes covering them (the last one split to fit); None, with the
+        slots freed, when no page fits."""
+        num_pages = len(slots)
+        while nodes and sum(n.num_pages for n in nodes) > num_pages:
+            last = nodes.pop()
+            kept = num_pages - sum(n.num_pages for n in nodes)
+            if kept > 0:
+                nodes.append(self.tree.split(last, kept))
+        if not nodes:
+            if num_pages:
+                self.device_pool.free(slots)
+            return None
+        return LoadBackOp(keys=tuple(k for n in nodes for k in n.keys), host_slots=m.host_slots[:num_pages],
+                          device_slots=slots, ready=self._caller_event())
 
     def _host_run(self, m: MatchResult) -> list[RadixNode]:
         """The nodes of ``m``'s host part, in order; the last is split where the match ended."""
@@ -362,19 +387,25 @@ class TieredCache:
         self.device_pool.free(slots)
 
     def insert(self, token_ids: TokenIds, device_slots: torch.Tensor, namespace: str = DEFAULT_NAMESPACE,
-               ) -> InsertResult:
+               *, from_page: int = 0) -> InsertResult:
         """Add the full pages of ``token_ids`` whose KV is in ``device_slots`` (one per full page,
         the hit's slots first). The tree takes the slots of new pages; slots of pages it already held
-        are freed. Starts write-through per the write policy. Raises as ``RadixTree.insert``."""
+        are freed. With ``from_page``, the slots are for the pages from that one on and the pages
+        before it must be in the tree (e.g. locked by the request's hit, or by an earlier insert
+        still covered by its lock). Starts write-through per the write policy. Raises as
+        ``RadixTree.insert``."""
         tokens = _as_tokens(token_ids)
         ready = self._caller_event()
         with self._lock:
-            result = self.tree.insert(tokens, namespace, device_slots=device_slots)
+            result = self.tree.insert(tokens, namespace, device_slots=device_slots, from_page=from_page)
             if len(result.unneeded_device_slots):
                 self.device_pool.free(result.unneeded_device_slots)
             if result.last_node is not None and self.config.write_policy is WritePolicy.WRITE_THROUGH:
                 self._write_through(result.last_node, ready)
         return result
+
+    def _is_device_backup_pending(self) -> bool:
+        return self.controller.queue_depths()[TransferPath.DEVICE_TO_HOST.value] > 0
 
     def _caller_event(self) -> "torch.cuda.Event | None":
         """On CUDA, an event after the work queued so far on the caller's stream (the compute that

@@ -432,6 +432,45 @@ def test_wait_complete_waits_for_the_prefetch(tmp_path):
         assert_consistent(cache)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy, wait, waits", [("best_effort", True, True), ("wait_complete", False, False)])
+def test_the_caller_can_override_the_wait_for_a_prefetch(tmp_path, policy, wait, waits):
+    """An idle engine waits for a prefetch in flight whatever the policy; a busy one may not."""
+    tokens = toks(1, 2, 3, 4)
+    persist_run(tmp_path, [tokens])
+    with open_cache(make_config(tmp_path, prefetch_policy=policy)) as cache:
+        with stalled_disk_reads(cache):
+            assert cache.prefetch(tokens) == 4
+            t, out = in_thread(lambda: cache.match(tokens, wait_for_prefetch=wait))
+            t.join(0.3 if waits else SETTLE_S)
+            assert t.is_alive() == waits
+        t.join(SETTLE_S)
+        hit = outcome(out)
+        assert hit.num_tokens == (16 if waits else 0)
+        assert_hit(cache, hit, tokens)
+        cache.release(hit)
+        settle(cache)
+        assert_consistent(cache)
+
+
+def test_insert_from_page_adds_only_the_pages_after_the_hit(tmp_path):
+    with open_cache(make_config(tmp_path, use_disk=False)) as cache:
+        first, longer = toks(1, 2), toks(1, 2, 3, 4, extra=2)
+        serve(cache, first)
+        hit = cache.match(longer)
+        assert hit.num_pages == 2
+        new = compute(cache, keys_of(longer)[2:])
+        cache.insert(longer, new, from_page=hit.num_pages)  # no slots for the hit's pages
+        cache.release(hit)
+        assert cache.peek(longer)[0] == 16
+        assert lookup(cache, longer).num_tokens == 16
+        orphan = compute(cache, keys_of(toks(7, 8, 9))[2:])
+        with pytest.raises(ValueError, match="must be in the tree"):
+            cache.insert(toks(7, 8, 9), orphan, from_page=2)  # nothing of 7 8 is in the tree
+        cache.free_device(orphan)  # a refused insert takes no slot
+        assert_consistent(cache)
+
+
 @pytest.mark.parametrize("share,host_pages", [(0.0, 0), (1.0, 6)])
 def test_disk_load_host_share(tmp_path, share, host_pages):
     tokens = toks(1, 2, 3, 4, 5, 6)
