@@ -1,0 +1,448 @@
+"""``chunkstore bench multiturn``: SGLang's multi-turn chat benchmark over cache configurations side by side.
+
+Invariants: every configuration sends the same workload (the questions are a function of the seed;
+the replies are greedy) with the same device and host budgets; in-process, each configuration gets
+a fresh Engine over the same loaded model, so no state but the disk tier (and only where meant:
+``disk-restart`` reopens the folder ``device+host+disk`` left, files made cold first) carries from
+one to the next; prompts are token ids, so every length is exact; targets are reported, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import math
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from chunkstore.bench.common import files_under, make_cold
+from chunkstore.bench.multiturn_report import format_table, summarize_run, targets, write_plot
+from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
+from chunkstore.cache.config import CacheConfig, PoolSize
+from chunkstore.cache.layout import KVLayout
+
+DEFAULT_PAGE_SIZE = 16  # in-process: fine-grained reuse (a round adds 100 tokens by default)
+SERVER_PAGE_SIZE = 64  # with --url: chunkstore serve's default page size
+MEMORY_SHARE = 0.25  # device + host pages / all clients' final histories, by default
+_UNREACHABLE_HITS = 2**62  # write_through_selective with this threshold never copies a page down
+
+
+class Setup(str, enum.Enum):
+    """The configurations, in the order they run (disk-restart needs device+host+disk's folder)."""
+
+    NO_CACHE = "no-cache"
+    DEVICE = "device"
+    DEVICE_HOST = "device+host"
+    DEVICE_HOST_DISK = "device+host+disk"
+    DISK_RESTART = "disk-restart"
+    SERVER = "server"  # --url only: the server as it was started
+
+    @classmethod
+    def parse_list(cls, text: str) -> tuple[Setup, ...]:
+        """'no-cache,device+host' -> setups in run order. Raises ValueError listing the valid names."""
+        chosen = set()
+        for name in (n.strip() for n in text.split(",") if n.strip()):
+            try:
+                chosen.add(cls(name.lower()))
+            except ValueError:
+                raise ValueError(f"unknown configuration {name!r}; valid: "
+                                 f"{', '.join(s.value for s in cls)}") from None
+        if not chosen:
+            raise ValueError("--configs names no configuration")
+        return tuple(s for s in cls if s in chosen)
+
+    @property
+    def description(self) -> str:
+        return _DESCRIPTIONS[self]
+
+
+_DESCRIPTIONS = {
+    Setup.NO_CACHE: "a fresh namespace per request, so nothing ever matches (the cache still does its "
+                    "inserts); device pool only",
+    Setup.DEVICE: "device pool only: write_through_selective with an unreachable threshold copies "
+                  "nothing to the host pool; no disk tier",
+    Setup.DEVICE_HOST: "device and host pools, write-through; no disk tier",
+    Setup.DEVICE_HOST_DISK: "device and host pools, write-through to the disk tier",
+    Setup.DISK_RESTART: "a new Engine over the disk tier device+host+disk left (memory tiers empty, "
+                        "files made cold), the same workload again",
+    Setup.SERVER: "the server at --url, with the tiers it was started with",
+}
+IN_PROCESS = tuple(s for s in Setup if s is not Setup.SERVER)
+OVER_HTTP = (Setup.NO_CACHE, Setup.SERVER)
+
+
+@dataclass(slots=True)
+class MultiturnConfig:
+    """What to run; ValueError names a bad field (the model's own limits are checked once loaded)."""
+
+    workload: Workload = field(default_factory=Workload)
+    preset: str = "small"  # a built-in model, used when model_path is None
+    model_path: Path | None = None  # a local Hugging Face model folder
+    dtype: str = "float32"
+    page_size: int | None = None  # None: DEFAULT_PAGE_SIZE in-process, SERVER_PAGE_SIZE with a url
+    max_running: int = 1
+    device_size: str | None = None  # None: derived from the workload (see Budgets)
+    host_size: str | None = None
+    disk_size_gb: float | None = None  # None: unbounded
+    setups: tuple[Setup, ...] = IN_PROCESS
+    url: str | None = None
+    api_key: str | None = None
+    namespace: str | None = None  # --url: None draws a fresh one, so earlier runs do not hit
+    keep: Path | None = None
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.page_size is None:
+            self.page_size = SERVER_PAGE_SIZE if self.url else DEFAULT_PAGE_SIZE
+        if self.page_size < 1:
+            raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
+        if self.max_running < 1:
+            raise ValueError(f"--max-running must be >= 1, got {self.max_running}")
+        for name in ("device_size", "host_size"):
+            if getattr(self, name) is not None:
+                PoolSize.parse(getattr(self, name))  # its ValueError names the accepted forms
+        if self.disk_size_gb is not None and not self.disk_size_gb > 0:
+            raise ValueError(f"--disk-size must be > 0 GB, got {self.disk_size_gb}")
+        if not self.setups:
+            raise ValueError("--configs names no configuration")
+        allowed = OVER_HTTP if self.url else IN_PROCESS
+        refused = [s.value for s in self.setups if s not in allowed]
+        if refused:
+            where = ("with --url only no-cache and server run (the server's tiers are fixed when it starts)"
+                     if self.url else "server runs only with --url")
+            raise ValueError(f"--configs {','.join(refused)}: {where}")
+        if Setup.DISK_RESTART in self.setups and Setup.DEVICE_HOST_DISK not in self.setups:
+            raise ValueError("disk-restart replays over the disk tier device+host+disk leaves: run both")
+        if self.keep is not None and self.keep.exists() and (not self.keep.is_dir() or any(self.keep.iterdir())):
+            raise ValueError(f"--keep {self.keep}: not a new or empty folder")
+        if not self.url:
+            from chunkstore.engine.loader import parse_dtype
+            from chunkstore.engine.presets import get_preset
+
+            parse_dtype(self.dtype)  # its ValueError lists the dtypes
+            if self.model_path is not None:
+                if not self.model_path.is_dir():
+                    raise ValueError(f"--model {self.model_path}: no such folder")
+            else:  # a folder's positions are known once it is loaded
+                check_fits(self.workload, get_preset(self.preset).max_positions)  # ValueError lists presets
+
+    @property
+    def model_name(self) -> str:
+        return str(self.model_path) if self.model_path is not None else self.preset
+
+
+def check_fits(workload: Workload, max_positions: int) -> None:
+    """Raises ValueError when a client's last round (its whole history) exceeds the model's positions."""
+    if workload.final_history_tokens > max_positions:
+        raise ValueError(f"a client's history grows to {workload.final_history_tokens} tokens "
+                         f"(rounds x (request + output length)); the model allows {max_positions}")
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Device and host pool pages shared by every configuration, and how they were chosen."""
+
+    device_pages: int
+    host_pages: int
+    history_pages: int  # all clients' final histories, in whole pages
+    is_derived: bool
+
+    @property
+    def memory_share(self) -> float:
+        return (self.device_pages + self.host_pages) / self.history_pages
+
+    @classmethod
+    def derive(cls, workload: Workload, page_size: int, max_running: int, layout: KVLayout,
+               device_size: str | None, host_size: str | None) -> Budgets:
+        """By default device + host = a quarter of all clients' final histories, a third of it on
+        the device (host = 2 x device, the host_ratio default) but never less than what stays
+        locked there (``max_running + 1`` whole histories: the running requests' hits, and the
+        pages of the request that finished last, which its write-through keeps locked until they
+        are on disk), and host >= device. Flags win."""
+        per_client = math.ceil(workload.final_history_tokens / page_size)
+        total = workload.num_clients * per_client
+        memory = max(2, round(total * MEMORY_SHARE))
+        device = (PoolSize.parse(device_size).to_pages(layout) if device_size
+                  else max(math.ceil(memory / 3), (max_running + 1) * per_client))
+        host = PoolSize.parse(host_size).to_pages(layout) if host_size else max(memory - device, device)
+        if device < 1:
+            raise ValueError(f"--device-size {device_size} holds no page of {layout.page_size_bytes} bytes")
+        if host < device:
+            raise ValueError(f"the host pool ({host} pages) is smaller than the device pool ({device} pages)")
+        return cls(device, host, total, device_size is None and host_size is None)
+
+    def cache_config(self, setup: Setup, page_size: int, disk_path: Path, disk_size_gb: float | None) -> CacheConfig:
+        """The cache settings of ``setup``; unset ones follow CHUNKSTORE_* variables (docs/CONFIG.md)."""
+        common = {"page_size": page_size, "device_size": f"{self.device_pages}pages", "disk_path": disk_path}
+        if setup in (Setup.NO_CACHE, Setup.DEVICE):
+            return CacheConfig(**common, host_size=f"{self.device_pages}pages", use_disk=False,
+                               write_policy="write_through_selective", write_through_threshold=_UNREACHABLE_HITS)
+        uses_disk = setup in (Setup.DEVICE_HOST_DISK, Setup.DISK_RESTART)
+        return CacheConfig(**common, host_size=f"{self.host_pages}pages", use_disk=uses_disk,
+                           write_policy="write_through", disk_size=disk_size_gb if uses_disk else None)
+
+
+# ---- senders -------------------------------------------------------------------------------------
+
+def engine_sender(engine, workload: Workload, *, fresh_namespaces: bool) -> Send:
+    """Send as token ids: each question's bytes, then the exact ids of its reply."""
+    from chunkstore.engine import Request, SamplingParams
+    from chunkstore.keys import DEFAULT_NAMESPACE
+
+    params = SamplingParams(max_tokens=workload.output_length, temperature=0.0, ignore_eos=True, seed=0)
+
+    def send(client: int, round_index: int, conversation: Conversation) -> Reply:
+        ids: list[int] = []
+        for i, question in enumerate(conversation.questions):
+            ids += question.encode()
+            if i < len(conversation.replies):
+                ids += conversation.replies[i].output_ids
+        namespace = f"no-cache-{client}-{round_index}" if fresh_namespaces else DEFAULT_NAMESPACE
+        r = engine.generate(Request(token_ids=ids, params=params, namespace=namespace))
+        return Reply(text=r.text, output_ids=r.token_ids, prompt_tokens=r.prompt_tokens,
+                     completion_tokens=r.completion_tokens, cached_tokens=r.cached_tokens,
+                     tier_tokens={"device": r.device_tokens, "host": r.host_tokens, "disk": r.disk_tokens},
+                     ttft_s=r.ttft_s, latency_s=r.latency_s, prefill_s=r.prefill_s)
+
+    return send
+
+
+def chat_sender(client, model: str, workload: Workload, namespace: str, *, fresh_namespaces: bool) -> Send:
+    """Send as an OpenAI chat: the questions as user turns, the replies' text as assistant turns."""
+
+    def send(client_id: int, round_index: int, conversation: Conversation) -> Reply:
+        messages: list[dict] = []
+        for i, question in enumerate(conversation.questions):
+            messages.append({"role": "user", "content": question})
+            if i < len(conversation.replies):
+                messages.append({"role": "assistant", "content": conversation.replies[i].text})
+        user = f"{namespace}-{client_id}-{round_index}" if fresh_namespaces else namespace
+        return client.chat(model, messages, max_tokens=workload.output_length, user=user)
+
+    return send
+
+
+def _progress(cfg: MultiturnConfig, desc: str) -> tqdm:
+    return tqdm(total=cfg.workload.num_requests, desc=desc, unit="req", file=sys.stderr, leave=False,
+                dynamic_ncols=True, disable=not cfg.show_progress)
+
+
+# ---- runs ----------------------------------------------------------------------------------------
+
+def _warm_up(loaded, cfg: MultiturnConfig, work: Path) -> None:
+    """One long request on a throwaway engine, so the first configuration pays no first-run costs."""
+    from chunkstore.engine import Engine, Request, SamplingParams
+
+    w = cfg.workload
+    pages = math.ceil(w.final_history_tokens / cfg.page_size) + 1
+    config = CacheConfig(page_size=cfg.page_size, device_size=f"{pages}pages", use_disk=False,
+                         disk_path=work / "warm-up")
+    with Engine(loaded, config) as engine:
+        prompt = list(range(97, 123)) * (w.prompt_tokens(w.num_rounds - 1) // 26 + 1)
+        engine.generate(Request(token_ids=prompt[:w.prompt_tokens(w.num_rounds - 1)],
+                                params=SamplingParams(max_tokens=2, ignore_eos=True)))
+
+
+def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
+    from chunkstore.engine import Engine, EngineConfig, load_model
+
+    w = cfg.workload
+    loaded = load_model(cfg.model_path or cfg.preset, dtype=cfg.dtype)
+    check_fits(w, loaded.max_positions)
+    identity = loaded.identity(cfg.page_size)
+    layout = KVLayout.from_identity(identity)
+    budgets = Budgets.derive(w, cfg.page_size, cfg.max_running, layout, cfg.device_size, cfg.host_size)
+    _warm_up(loaded, cfg, work)
+    engine_config = EngineConfig(max_queue_size=max(64, w.max_parallel), max_running_requests=cfg.max_running)
+    store = work / "store"
+    bytes_per_token = layout.page_size_bytes / cfg.page_size
+    runs = []
+    for setup in cfg.setups:
+        extra: dict = {"device_pages": budgets.device_pages,
+                       "host_pages": budgets.host_pages if setup not in (Setup.NO_CACHE, Setup.DEVICE) else 0,
+                       "uses_disk": setup in (Setup.DEVICE_HOST_DISK, Setup.DISK_RESTART)}
+        if setup is Setup.DISK_RESTART:
+            extra["cold_method"] = make_cold(files_under(store))
+        engine = Engine(loaded, budgets.cache_config(setup, cfg.page_size, store, cfg.disk_size_gb), engine_config)
+        try:
+            with _progress(cfg, setup.value) as bar:
+                result = drive(w, engine_sender(engine, w, fresh_namespaces=setup is Setup.NO_CACHE),
+                               on_reply=lambda _: bar.update())
+            stats = engine.stats()
+        finally:
+            engine.close()  # flushes the disk tier: disk-restart starts from what was written
+        runs.append(summarize_run(setup.value, setup.description, result, stats, page_size=cfg.page_size,
+                                  bytes_per_token=bytes_per_token, extra=extra))
+    memory = f"device {budgets.device_pages} + host {budgets.host_pages} pages = {budgets.memory_share:.2f} of " \
+             f"the final histories ({budgets.history_pages} pages{', derived' if budgets.is_derived else ''})"
+    disk = f"{cfg.disk_size_gb:g} GB" if cfg.disk_size_gb else "unbounded"
+    return {
+        "mode": "in-process",
+        "model": {"name": cfg.model_name, "model_id": loaded.model_id, "dtype": loaded.dtype_name,
+                  "device": str(loaded.device), "page_size_bytes": layout.page_size_bytes,
+                  "kv_bytes_per_token": bytes_per_token},
+        "budgets": {"page_size": cfg.page_size, "device_pages": budgets.device_pages,
+                    "host_pages": budgets.host_pages, "history_pages": budgets.history_pages,
+                    "memory_share": budgets.memory_share, "is_derived": budgets.is_derived,
+                    "device_bytes": budgets.device_pages * layout.page_size_bytes,
+                    "host_bytes": budgets.host_pages * layout.page_size_bytes, "disk_size_gb": cfg.disk_size_gb,
+                    "max_running": cfg.max_running},
+        "runs": runs,
+        "setting": f"model {cfg.model_name} ({loaded.dtype_name}, {loaded.device}), page {cfg.page_size} tokens "
+                   f"({layout.page_size_bytes / 1024:g} KiB); {memory}; disk {disk}; "
+                   f"{cfg.max_running} running request(s) at a time",
+    }
+
+
+def run_over_http(cfg: MultiturnConfig) -> dict:
+    from chunkstore.bench.chat_client import ChatClient
+
+    w = cfg.workload
+    client = ChatClient(cfg.url, api_key=cfg.api_key)
+    model = client.model_id()
+    namespace = cfg.namespace or f"bench-{secrets.token_hex(4)}"
+    runs = []
+    for setup in cfg.setups:
+        with _progress(cfg, setup.value) as bar:
+            result = drive(w, chat_sender(client, model, w, namespace, fresh_namespaces=setup is Setup.NO_CACHE),
+                           on_reply=lambda _: bar.update())
+        runs.append(summarize_run(setup.value, setup.description, result, None, page_size=cfg.page_size,
+                                  bytes_per_token=None, extra={"namespace": namespace}))
+    return {"mode": "url", "url": cfg.url, "model": {"name": model}, "budgets": {"page_size": cfg.page_size},
+            "runs": runs, "setting": f"server {cfg.url}, model {model}, namespace {namespace}, ideal at "
+                                     f"{cfg.page_size}-token pages"}
+
+
+def run_multiturn_bench(cfg: MultiturnConfig) -> dict:
+    """Every configuration, then the targets; returns the dict the table, the JSON and the plot show.
+    Raises RuntimeError when a request fails, ValueError when the model cannot hold the workload."""
+    started = time.perf_counter()
+    work = cfg.keep if cfg.keep is not None else Path(tempfile.mkdtemp(prefix="chunkstore-bench-multiturn-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run_over_http(cfg) if cfg.url else run_in_process(cfg, work)
+    finally:
+        if cfg.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    w = cfg.workload
+    rate = "no gaps" if math.isinf(w.request_rate) else f"{w.request_rate:g} req/s Poisson"
+    result["header"] = (f"chunkstore bench multiturn: {w.num_clients} clients x {w.num_rounds} rounds, "
+                        f"{w.request_length} + {w.output_length} tokens a round, at most {w.max_parallel} in "
+                        f"flight, {rate}, seed {w.seed}\n{result.pop('setting')}")
+    result["workload"] = asdict(w)
+    checks = targets(result["runs"])
+    result["targets"] = {t.name: t.to_dict() for t in checks}
+    result["all_pass"] = all(t.passed for t in checks)
+    result["runtime_s"] = time.perf_counter() - started
+    return result
+
+
+# ---- command line --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``chunkstore bench multiturn``."""
+    d = Workload()
+    parser.add_argument("--num-clients", type=int, default=d.num_clients,
+                        help=f"conversations, each a client (default {d.num_clients})")
+    parser.add_argument("--num-rounds", type=int, default=d.num_rounds,
+                        help=f"requests per client (default {d.num_rounds})")
+    parser.add_argument("--request-length", type=int, default=d.request_length,
+                        help=f"tokens of each new question (default {d.request_length})")
+    parser.add_argument("--output-length", type=int, default=d.output_length,
+                        help=f"tokens of each reply (default {d.output_length})")
+    parser.add_argument("--max-parallel", type=int, default=d.max_parallel,
+                        help=f"requests in flight at most (default {d.max_parallel})")
+    parser.add_argument("--request-rate", type=float, default=d.request_rate,
+                        help=f"requests per second, Poisson; inf for no gaps (default {d.request_rate:g})")
+    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of the questions and gaps (default {d.seed})")
+    parser.add_argument("--configs", default=None,
+                        help="configurations to run, comma-separated (default: all five; with --url: server)")
+    parser.add_argument("--preset", default="small", help="built-in model when --model is not given: tiny, small "
+                                                           "(default small)")
+    parser.add_argument("--model", type=Path, default=None, metavar="PATH",
+                        help="a local Hugging Face model folder (default: the preset)")
+    parser.add_argument("--dtype", default="float32", help="model and KV dtype (default float32)")
+    parser.add_argument("--page-size", type=int, default=None,
+                        help=f"tokens per page (default {DEFAULT_PAGE_SIZE}; with --url the server's, "
+                             f"default {SERVER_PAGE_SIZE}, for the ideal hit rate)")
+    parser.add_argument("--max-running", type=int, default=1,
+                        help="requests the engine runs at once, decoded round-robin (default 1)")
+    parser.add_argument("--device-size", default=None,
+                        help="device pool, bytes or pages, e.g. 64MB, 200pages (default: derived)")
+    parser.add_argument("--host-size", default=None, help="host pool, bytes or pages (default: derived)")
+    parser.add_argument("--disk-size", type=float, default=None, help="disk tier capacity in GB (default unbounded)")
+    parser.add_argument("--url", default=None, help="benchmark the server at this URL instead (OpenAI chat API)")
+    parser.add_argument("--api-key", default=None, help="with --url: bearer token of the server")
+    parser.add_argument("--namespace", default=None,
+                        help="with --url: the user field sent (default: a fresh one per invocation)")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="put the disk tier under DIR (new or empty) and keep it (default: a temporary folder)")
+    parser.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the results as JSON")
+    parser.add_argument("--plot", metavar="PATH", type=Path, default=None,
+                        help="also write a PNG comparing the configurations (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+
+
+def config_from_args(args: argparse.Namespace) -> MultiturnConfig:
+    """Raises ValueError for a bad option."""
+    workload = Workload(num_clients=args.num_clients, num_rounds=args.num_rounds,
+                        request_length=args.request_length, output_length=args.output_length,
+                        max_parallel=args.max_parallel, request_rate=args.request_rate, seed=args.seed)
+    default = "server" if args.url else ",".join(s.value for s in IN_PROCESS)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and not path.parent.is_dir():
+            raise ValueError(f"{option} {path}: folder {path.parent} does not exist")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401  (checked now, not after minutes of benchmark)
+        except ImportError:
+            raise ValueError("--plot needs matplotlib: pip install 'chunkstore[plot]'") from None
+    return MultiturnConfig(
+        workload=workload, preset=args.preset, model_path=args.model, dtype=args.dtype, page_size=args.page_size,
+        max_running=args.max_running, device_size=args.device_size, host_size=args.host_size,
+        disk_size_gb=args.disk_size, setups=Setup.parse_list(args.configs or default), url=args.url,
+        api_key=args.api_key, namespace=args.namespace, keep=args.keep, show_progress=not args.no_progress)
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit code: 0 done, 1 a request or the server failed (or a target was missed under --strict),
+    2 bad options."""
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"chunkstore bench multiturn: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = run_multiturn_bench(cfg)
+    except ValueError as exc:  # the loaded model cannot hold the workload, a size holds no page
+        print(f"chunkstore bench multiturn: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"chunkstore bench multiturn: the benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    print(format_table(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+    if args.plot is not None:
+        write_plot(result, args.plot)
+    return 1 if args.strict and not result["all_pass"] else 0

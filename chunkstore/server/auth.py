@@ -1,0 +1,86 @@
+"""Who is calling, and which cache namespace their requests use.
+
+Invariants: with API keys configured a request is a tenant's only when its bearer token's SHA-256
+equals that tenant's, compared with ``hmac.compare_digest`` against every key without stopping
+early (the time does not tell which key matched, nor how much of one); a tenant's requests always
+use the tenant's namespace, whatever they ask for (the server decides, so tenants cannot read each
+other's prefixes); without keys the namespace is the ``X-Chunkstore-Namespace`` header, else the
+OpenAI ``user`` field, else ``default`` (empty ones count as not given); a namespace is 1-256
+characters without control characters.
+"""
+
+from __future__ import annotations
+
+import hmac
+import unicodedata
+from dataclasses import dataclass
+
+from chunkstore.keys import DEFAULT_NAMESPACE
+from chunkstore.server.errors import ApiError
+from chunkstore.server.settings import Tenant, key_digest
+
+NAMESPACE_HEADER = "X-Chunkstore-Namespace"
+MAX_NAMESPACE_CHARS = 256
+
+
+class KeyRing:
+    """The configured API keys (as digests), each with its tenant."""
+
+    def __init__(self, tenants: tuple[Tenant, ...]) -> None:
+        self._tenants = tenants
+
+    @property
+    def is_enabled(self) -> bool:
+        return bool(self._tenants)
+
+    def identify(self, token: str) -> Tenant | None:
+        """The tenant whose key is ``token``, else None. Constant time in the token's content."""
+        digest = key_digest(token)
+        found = None
+        for tenant in self._tenants:  # no early exit: every key is compared
+            if hmac.compare_digest(digest, tenant.digest):
+                found = tenant
+        return found
+
+    def authenticate(self, authorization: str | None) -> "Caller":
+        """The caller of a request with this ``Authorization`` header. Raises ApiError 401 when keys
+        are configured and the header does not carry one of them."""
+        if not self.is_enabled:
+            return Caller(None)
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "missing API key: send the header `Authorization: Bearer <key>`",
+                           code="missing_api_key", headers={"WWW-Authenticate": "Bearer"})
+        tenant = self.identify(token.strip())
+        if tenant is None:
+            raise ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return Caller(tenant)
+
+
+def check_namespace(namespace: str, param: str) -> str:
+    """``namespace`` when it is 1-256 characters without control characters. Raises ApiError 400
+    naming ``param``."""
+    if not 1 <= len(namespace) <= MAX_NAMESPACE_CHARS or \
+            any(unicodedata.category(c) == "Cc" for c in namespace):
+        raise ApiError.bad_request(f"a namespace must be 1-{MAX_NAMESPACE_CHARS} characters without control "
+                                   f"characters", param=param)
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated side of a request: a tenant, or None when the server has no keys."""
+
+    tenant: Tenant | None
+
+    def namespace(self, header: str | None, user: str | None = None) -> str:
+        """The namespace of this caller's request: the tenant's when keys are configured (the header
+        and ``user`` are then ignored), else the header, then ``user``, then ``default``. Raises
+        ApiError 400 for a malformed header or user."""
+        if self.tenant is not None:
+            return self.tenant.namespace
+        if header:  # an empty header or user counts as not given
+            return check_namespace(header, NAMESPACE_HEADER)
+        if user:
+            return check_namespace(user, "user")
+        return DEFAULT_NAMESPACE

@@ -1,0 +1,114 @@
+"""Errors as every API of the server answers them: OpenAI's shape, ``{"error": {"message", "type", "code", "param"}}``.
+
+Invariants: every error response, whichever API or layer it comes from (a route, request validation,
+an unknown route, the body limit), has this shape and a 4xx/5xx status; engine errors map to one
+status each (queue full 429, prompt too long 400, shutting down 503); nothing here depends on a route.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+
+from chunkstore.engine.request import EngineClosedError, PromptTooLongError, QueueFullError
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None) -> dict:
+    """The JSON of an error: OpenAI's shape, with ``type`` derived from the status."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code,
+                      "param": param}}
+
+
+class ApiError(Exception):
+    """An error answered to the client as ``status`` with ``error_body``."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.headers = headers
+
+    @property
+    def body(self) -> dict:
+        return error_body(self.message, status=self.status, code=self.code, param=self.param)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body, status_code=self.status, headers=self.headers)
+
+    @classmethod
+    def bad_request(cls, message: str, *, param: str | None = None, code: str = "invalid_request") -> "ApiError":
+        return cls(400, message, code=code, param=param)
+
+    @classmethod
+    def from_engine(cls, exc: BaseException, *, is_submit: bool) -> "ApiError":
+        """The answer to an error the engine raised for a request: at ``submit`` (the request's
+        fault, or a full queue) or as its result (the server's fault, or a shutdown)."""
+        if isinstance(exc, ApiError):
+            return exc
+        if isinstance(exc, EngineClosedError):
+            return cls(503, "the server is shutting down; retry later", code="shutting_down")
+        if is_submit and isinstance(exc, QueueFullError):
+            return cls(429, str(exc), code="queue_full", headers={"Retry-After": "1"})
+        if is_submit and isinstance(exc, PromptTooLongError):
+            return cls(400, str(exc), code="context_length_exceeded", param="prompt")
+        if is_submit and isinstance(exc, ValueError):  # the engine's checks: empty prompt, ids out of range
+            return cls.bad_request(str(exc), param="prompt")
+        log.error("request failed: %r", exc)
+        return cls(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error")
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None, str]:
+    """(message, param, code) for pydantic's errors: the first names the field; JSON syntax errors
+    say so."""
+    first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"the request body is not valid JSON: {detail}".rstrip(": "), None, "invalid_json"
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if param is None and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
+        return ("the request body must be a JSON object (send it with Content-Type: application/json)",
+                None, "invalid_request")
+    extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return (f"{param}: {msg}" if param else msg) + extra, param, "invalid_request"
+
+
+async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+    return exc.response()
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param, code = _validation_message(list(exc.errors()))
+    return JSONResponse(error_body(message, status=400, code=code, param=param), status_code=400)
+
+
+async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
+    return JSONResponse(error_body(str(exc.detail), status=exc.status_code, code=code),
+                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(error_body("internal server error", status=500, code="internal_error"), status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error ``app`` answers OpenAI-shaped."""
+    app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,119 @@
+"""`chunkstore serve`: one process running the engine and the HTTP server, and its orderly shutdown.
+
+Invariants: flags override CHUNKSTORE_* environment variables, which override defaults (the cache's
+flags are chunkstore.cache.config's); nothing is downloaded; on SIGTERM or SIGINT the server stops
+accepting connections, lets running requests finish for ``shutdown_timeout_s``, aborts the rest
+(their streams end with finish_reason ``abort``, their whole pages are cached), then closes the
+engine, which writes to disk what the write policy keeps; the exit code is 0 after an orderly
+shutdown and 2 when the settings, the model, the store or the address cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from chunkstore.cache.config import CacheConfig, add_cli_arguments, env_name
+from chunkstore.server.settings import ServerSettings
+
+log = logging.getLogger("chunkstore.serve")
+
+_FLAG_TYPES: dict[str, dict[str, Any]] = {
+    "port": dict(type=int), "seed": dict(type=int), "max_queue_size": dict(type=int, metavar="N"),
+    "max_running_requests": dict(type=int, metavar="N"), "shutdown_timeout_s": dict(type=float, metavar="SECONDS"),
+    "model": dict(type=Path, metavar="PATH"), "preset": dict(metavar="NAME"), "served_model_name": dict(metavar="NAME"),
+    "api_key": dict(action="append", metavar="[NAME=]KEY"), "max_body_bytes": dict(metavar="SIZE"),
+    "log_level": dict(metavar="LEVEL"),
+}
+_GROUPS = {"server": ("host", "port", "api_key", "served_model_name", "max_body_bytes", "shutdown_timeout_s",
+                      "log_level"),
+           "model and engine": ("model", "preset", "dtype", "seed", "device", "max_queue_size",
+                                "max_running_requests")}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``chunkstore serve``: the server's, the model's and engine's, and the cache's.
+    Unset flags leave no attribute, so the environment and the defaults apply."""
+    fields = ServerSettings.model_fields
+    for title, names in _GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in names:
+            info = fields[name]
+            default = "none" if info.default in (None, ()) else info.default
+            group.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS,
+                               help=f"{info.description} (env {env_name(name)}, default {default})",
+                               **_FLAG_TYPES.get(name, {}))
+    add_cli_arguments(parser)
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[ServerSettings, CacheConfig]:
+    """Both settings objects from the flags (then the environment, then defaults). Raises
+    pydantic.ValidationError."""
+    given = {name: getattr(args, name) for name in ServerSettings.model_fields if hasattr(args, name)}
+    return ServerSettings(**given), CacheConfig.from_cli_args(args)
+
+
+class _Exit(Exception):
+    """Startup failed: print the message, exit 2."""
+
+
+def _build_engine(settings: ServerSettings, cache_config: CacheConfig):
+    from chunkstore.engine import Engine, EngineConfig, load_model  # torch and transformers: only now
+
+    if settings.model is not None and not settings.model.is_dir():
+        raise _Exit(f"--model {settings.model}: no such model folder (built-in models: --preset)")
+    name = str(settings.model) if settings.model is not None else settings.preset
+    try:
+        loaded = load_model(name, seed=settings.seed, dtype=settings.dtype, device=settings.device)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise _Exit(f"cannot load the model {name}: {exc}") from None
+    try:
+        return Engine(loaded, cache_config, EngineConfig(max_queue_size=settings.max_queue_size,
+                                                         max_running_requests=settings.max_running_requests))
+    except (OSError, ValueError, RuntimeError) as exc:  # a busy or foreign store, pools that do not fit
+        raise _Exit(f"cannot open the cache at {cache_config.disk_path}: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT. Exit code: 0 after an orderly shutdown, 2 when it cannot start."""
+    try:
+        settings, cache_config = settings_from_args(args)
+    except ValidationError as exc:
+        print(f"chunkstore serve: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        engine = _build_engine(settings, cache_config)
+    except _Exit as exc:
+        print(f"chunkstore serve: error: {exc}", file=sys.stderr)
+        return 2
+    from chunkstore.server.lifecycle import BindError  # uvicorn and fastapi: only now
+
+    try:
+        return _serve(engine, settings, cache_config)
+    except BindError as exc:
+        print(f"chunkstore serve: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        log.info("closing the engine: running requests end, the cache writes down what its write policy keeps")
+        engine.close()
+        log.info("closed")
+
+
+def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
+    from chunkstore.server.app import create_app
+    from chunkstore.server.lifecycle import bind, serve_until_signal
+
+    app = create_app(engine, settings)
+    sock = bind(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
+    print(f"chunkstore serve: http://{url_host}:{port} model {settings.model_name!r} "
+          f"({engine.loaded.model_id}, {engine.loaded.device}), data in {cache_config.disk_path}", flush=True)
+    serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s)
+    return 0

@@ -1,0 +1,264 @@
+"""The OpenAI API's request and response bodies: completions, chat completions, models, usage.
+
+Invariants: a request body that validates can be served exactly as asked: every field the engine
+cannot honour is refused (400 naming it) unless it has its neutral value (``n`` 1, no logprobs, no
+penalties, no tools, ...); unknown fields are ignored, as OpenAI-compatible servers do; ``usage``
+always carries ``prompt_tokens_details.cached_tokens`` and, as an extension, where the cached tokens
+were found (``cached_tokens_details``: device, host, disk; they sum to ``cached_tokens``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_serializer, field_validator
+
+from chunkstore.engine import GenerationResult, SamplingParams
+
+MAX_SEED = 2**63 - 1
+
+# Fields accepted only at their neutral value: the value a request may carry, and why anything else fails.
+_NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((None, 1), "only n=1 is supported: one choice per request"),
+    "best_of": ((None, 1), "best_of is not supported"),
+    "echo": ((None, False), "echo is not supported"),
+    "suffix": ((None, ""), "suffix is not supported"),
+    "logprobs": ((None, False, 0), "logprobs are not supported"),
+    "top_logprobs": ((None, 0), "top_logprobs are not supported"),
+    "presence_penalty": ((None, 0, 0.0), "presence_penalty is not supported (send 0)"),
+    "frequency_penalty": ((None, 0, 0.0), "frequency_penalty is not supported (send 0)"),
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "tools": ((None, []), "tools are not supported"),
+    "functions": ((None, []), "functions are not supported"),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class _GenerationBody(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = Field(None, description="the served model's name (GET /v1/models); optional")
+    max_tokens: int | None = Field(None, ge=0, description="tokens to generate at most")
+    temperature: float | None = Field(None, ge=0, le=2, description="0 = greedy (default 1)")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass (default 1)")
+    stop: str | list[str] = Field([], description="strings that end the generation (not returned)")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="makes sampling reproducible")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="the cache namespace, when the server has no API keys and "
+                                               "no X-Chunkstore-Namespace header is sent")
+    ignore_eos: bool = Field(False, description="extension: keep generating past end-of-sequence tokens")
+    n: int | None = None
+    logprobs: Any = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator(*_NEUTRAL, mode="after", check_fields=False)
+    @classmethod
+    def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
+        allowed, message = _NEUTRAL[info.field_name]
+        if value not in allowed:
+            raise ValueError(message)
+        return value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, value: str | list[str]) -> list[str]:
+        stops = [value] if isinstance(value, str) else value if value is not None else []
+        if isinstance(stops, list) and any(s == "" for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, *, default_max_tokens: int) -> SamplingParams:
+        max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop),
+                              seed=self.seed, ignore_eos=self.ignore_eos)
+
+
+class CompletionRequest(_GenerationBody):
+    """POST /v1/completions. ``prompt``: text, or token ids; a list of one of either is taken as that one."""
+
+    prompt: str | list[StrictInt]
+    best_of: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError("batches of prompts are not supported: send one prompt per request")
+            return value[0]
+        return value
+
+
+class ChatMessage(BaseModel):
+    """One message; ``content`` is text, or a list of text parts (joined)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = Field(min_length=1)
+    content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for part in value:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"only text content parts are supported ({{'type': 'text', 'text': ...}}), "
+                                 f"got {kind!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class ChatCompletionRequest(_GenerationBody):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0, description="newer name of max_tokens; wins over it")
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("response_format", mode="after")
+    @classmethod
+    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError("only the text response format is supported")
+        return value
+
+    def engine_messages(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.content or ""} for m in self.messages]
+
+    def sampling_params(self, *, default_max_tokens: int) -> SamplingParams:
+        if self.max_completion_tokens is not None:
+            return self.model_copy(update={"max_tokens": self.max_completion_tokens}).sampling_params(
+                default_max_tokens=default_max_tokens)
+        return super().sampling_params(default_max_tokens=default_max_tokens)
+
+
+# ---- responses ------------------------------------------------------------------------------------
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class CachedTokensDetails(BaseModel):
+    """Extension: the tier each cached prompt token was found on (before it was loaded to the device)."""
+
+    device: int
+    host: int
+    disk: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    cached_tokens_details: CachedTokensDetails
+
+    @classmethod
+    def of(cls, result: GenerationResult) -> "Usage":
+        return cls(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens,
+                   total_tokens=result.prompt_tokens + result.completion_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
+                   cached_tokens_details=CachedTokensDetails(device=result.device_tokens, host=result.host_tokens,
+                                                             disk=result.disk_tokens))
+
+
+FinishReasonName = Literal["stop", "length", "abort"]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReasonName | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    logprobs: None = None
+    finish_reason: FinishReasonName
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReasonName | None = None
+
+    @field_serializer("delta")
+    def _only_set(self, delta: ChatDelta) -> dict:
+        return delta.model_dump(exclude_none=True)  # OpenAI's deltas carry only what changed
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "chunkstore"
+    max_model_len: int = Field(description="extension (as vLLM): the model's positions")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,104 @@
+"""ServerSettings and the `chunkstore serve` flags: parsing, precedence (flag > CHUNKSTORE_* > default), API
+key entries."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from pydantic import ValidationError
+
+from chunkstore.cli import main
+from chunkstore.engine import EngineConfig
+from chunkstore.server.main import add_arguments, run, settings_from_args
+from chunkstore.server.settings import ServerSettings, Tenant
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CHUNKSTORE_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_are_the_embedded_ones():
+    settings, cache = settings_from_args(parse())
+    assert (settings.host, settings.port, settings.preset, settings.model) == ("127.0.0.1", 8000, "tiny", None)
+    assert settings.model_name == "tiny" and settings.tenants == ()
+    assert (settings.max_queue_size, settings.max_running_requests) == \
+        (EngineConfig().max_queue_size, EngineConfig().max_running_requests)
+    assert str(cache.disk_path) == "chunkstore-data"
+
+
+def test_empty_environment_variables_count_as_unset(monkeypatch):
+    for name in ("MODEL", "SERVED_MODEL_NAME", "DTYPE", "DEVICE", "API_KEY"):
+        monkeypatch.setenv(f"CHUNKSTORE_{name}", "")
+    settings = ServerSettings()
+    assert (settings.model, settings.dtype, settings.device, settings.tenants) == (None, None, None, ())
+    assert settings.model_name == "tiny"
+
+
+def test_flags_override_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CHUNKSTORE_PORT", "9001")
+    monkeypatch.setenv("CHUNKSTORE_API_KEY", "alice=k-alice-1, bob=k-bob-2")
+    monkeypatch.setenv("CHUNKSTORE_DEVICE_SIZE", "32pages")
+    monkeypatch.setenv("CHUNKSTORE_MAX_BODY_BYTES", "1MiB")
+    settings, cache = settings_from_args(parse("--page-size", "16"))
+    assert settings.port == 9001 and [t.name for t in settings.tenants] == ["alice", "bob"]
+    assert settings.max_body_bytes == 2**20 and cache.device_size == "32pages" and cache.page_size == 16
+    settings, cache = settings_from_args(parse("--port", "9002", "--api-key", "carol=k-carol-3", "--api-key",
+                                               "plain-key", "--device-size", "8pages", "--model", str(tmp_path)))
+    assert settings.port == 9002 and [t.namespace for t in settings.tenants][0] == "carol"
+    assert settings.tenants[1].namespace.startswith("key-") and cache.device_size == "8pages"
+    assert settings.model_name == tmp_path.name
+
+
+@pytest.mark.parametrize("entry,name", [
+    ("alice=secret-1", "alice"), ("team.a@x=abc", "team.a@x"),
+    ("c2VjcmV0a2V5==", None),  # base64 padding: a bare key, not NAME=KEY
+    ("a b=c", None),
+])
+def test_api_key_entries(entry, name):
+    if " " in entry:
+        with pytest.raises(ValueError):
+            Tenant.parse(entry)
+        return
+    tenant = Tenant.parse(entry)
+    if name is None:
+        assert tenant.namespace.startswith("key-") and len(tenant.namespace) == 20
+        assert Tenant.parse(entry).namespace == tenant.namespace  # stable across restarts
+    else:
+        assert tenant.name == tenant.namespace == name
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    ({"api_key": ("a=k1", "b=k1")}, "same API key"),
+    ({"api_key": ("a=k1", "a=k2")}, "same tenant name"),
+    ({"api_key": ("",)}, "non-empty"),
+    ({"port": 70000}, "port"),
+    ({"max_body_bytes": "12pages"}, "not pages"),
+    ({"log_level": "loud"}, "log level"),
+    ({"max_running_requests": 0}, "max_running_requests"),
+])
+def test_bad_settings(kwargs, says):
+    with pytest.raises(ValidationError, match=says):
+        ServerSettings(**kwargs)
+
+
+def test_bad_flags_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--device-size", "5"])
+    assert exc.value.code == 2 and "not a size" in capsys.readouterr().err
+    assert run(parse("--preset", "huge", "--disk-path", str(tmp_path / "d"))) == 2
+    assert "unknown preset 'huge'" in capsys.readouterr().err
+    assert run(parse("--model", str(tmp_path / "missing"))) == 2
+    assert "no such model folder" in capsys.readouterr().err
+    assert run(parse("--port", "-1")) == 2
