@@ -1,4 +1,4 @@
-"""The `chunkstore` command line: store inspection and care, schema upgrades, benchmarks.
+"""The `chunkstore` command line: store inspection and care, schema upgrades, benchmarks, the server.
 
 Every store command takes --disk-path (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH) and
 --json for machine-readable output; long work shows a progress bar on stderr. Exit codes: 0 ok,
@@ -203,6 +203,24 @@ def cmd_bench_tiers(args: argparse.Namespace) -> int:
     return bench_tiers.run(args)
 
 
+def cmd_bench_multiturn(args: argparse.Namespace) -> int:
+    from chunkstore.bench import multiturn as bench_multiturn
+
+    return bench_multiturn.run(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from chunkstore.server import main as serve
+
+    return serve.run(args)
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from api import cli as admin_cli
+
+    return admin_cli.run(args)
+
+
 def cmd_soak_crash(args: argparse.Namespace) -> int:
     from chunkstore import soak
 
@@ -262,6 +280,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_tiers.add_arguments(p)
     p.set_defaults(func=cmd_bench_tiers)
+    p = bsub.add_parser("multiturn", help="multi-turn chat: hit rate, TTFT, throughput per cache configuration")
+    from chunkstore.bench import multiturn as bench_multiturn
+
+    bench_multiturn.add_arguments(p)
+    p.set_defaults(func=cmd_bench_multiturn)
+
+    p = sub.add_parser("serve", help="OpenAI- and SGLang-compatible HTTP server over the engine and the cache")
+    from chunkstore.server import main as serve
+
+    serve.add_arguments(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("admin", help="the management REST API alone, over a store on disk")
+    from api import cli as admin_cli
+
+    admin_cli.add_arguments(p)
+    p.set_defaults(func=cmd_admin)
 
     soak_parser = sub.add_parser("soak", help="long robustness runs")
     ssub = soak_parser.add_subparsers(dest="soak_command", required=True, metavar="SOAK")

@@ -15,11 +15,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import bindparam, create_engine, event, func, select, text, update
+from sqlalchemy import and_, bindparam, column, create_engine, event, func, or_, select, table, text, tuple_, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
 from chunkstore import migrations
+from chunkstore.choices import Choice
 from chunkstore.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
 
 DB_FILENAME = "index.db"
@@ -57,6 +58,35 @@ class NamespaceUsage:
     raw_bytes: int
     stored_bytes: int
     quota_bytes: int | None
+
+
+class ChunkOrder(Choice):
+    """What ``ChunkIndex.list_chunks`` sorts by (then by key)."""
+
+    LAST_ACCESS = "last_access"
+    HITS = "hits"
+    SIZE = "size"  # stored bytes
+    CREATED = "created"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkQuery:
+    """Which rows ``list_chunks`` / ``count_chunks`` return; None leaves a condition out."""
+
+    namespace: str | None = None
+    pinned: bool | None = None
+    min_stored_bytes: int | None = None
+    max_stored_bytes: int | None = None
+    accessed_before: float | None = None  # last access strictly before (epoch seconds)
+    accessed_after: float | None = None  # last access at or after
+    keys: frozenset[bytes] | None = None  # only these keys (e.g. the pages a memory tier holds)
+
+
+_ORDER_COLUMNS = {ChunkOrder.LAST_ACCESS: chunks.c.last_access_at, ChunkOrder.HITS: chunks.c.hit_count,
+                  ChunkOrder.SIZE: chunks.c.stored_bytes, ChunkOrder.CREATED: chunks.c.created_at}
+# A per-query key list, in the connection's temp schema: created inside the read transaction, so
+# the rollback that ends it removes the table again. No SQLite variable limit applies to it.
+_QUERY_KEYS = table("chunk_query_keys", column("key"), schema="temp")
 
 
 def db_files(root: Path) -> list[Path]:
@@ -232,6 +262,106 @@ class ChunkIndex:
             stmt = (select(chunks.c.key, chunks.c.namespace, chunks.c.stored_bytes, chunks.c.raw_bytes)
                     .where(chunks.c.namespace == namespace).limit(limit))
             return [Victim(*r) for r in conn.execute(stmt).all()]
+
+    # -- browsing (read-only; the management API's chunk browser) -------------------------
+
+    def _query_conditions(self, query: ChunkQuery) -> list:
+        c = chunks.c
+        conds = []
+        if query.namespace is not None:
+            conds.append(c.namespace == query.namespace)
+        if query.pinned is not None:
+            conds.append(c.pinned == query.pinned)
+        if query.min_stored_bytes is not None:
+            conds.append(c.stored_bytes >= query.min_stored_bytes)
+        if query.max_stored_bytes is not None:
+            conds.append(c.stored_bytes <= query.max_stored_bytes)
+        if query.accessed_before is not None:
+            conds.append(c.last_access_at < query.accessed_before)
+        if query.accessed_after is not None:
+            conds.append(c.last_access_at >= query.accessed_after)
+        if query.keys is not None:
+            conds.append(c.key.in_(select(_QUERY_KEYS.c.key)))
+        return conds
+
+    @staticmethod
+    def _load_query_keys(conn: Connection, query: ChunkQuery) -> None:
+        if query.keys is not None:
+            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS chunk_query_keys (key BLOB PRIMARY KEY)")
+            conn.exec_driver_sql("DELETE FROM temp.chunk_query_keys")
+            conn.exec_driver_sql("INSERT OR IGNORE INTO temp.chunk_query_keys VALUES (?)",
+                                 [(k,) for k in query.keys])
+
+    def list_chunks(self, query: ChunkQuery = ChunkQuery(), *, order: ChunkOrder = ChunkOrder.LAST_ACCESS,
+                    descending: bool = True, limit: int = 100,
+                    after: tuple[float, bytes] | None = None) -> list[ChunkRow]:
+        """Up to ``limit`` rows matching ``query``, sorted by ``order`` then key. ``after`` is the
+        (sort value, key) of the last row of the previous page (keyset paging: each page costs the
+        same however deep). Changes nothing; access times still in the touch buffer are not seen."""
+        if query.keys is not None and not query.keys:
+            return []
+        col = _ORDER_COLUMNS[ChunkOrder.parse(order)]
+        stmt = select(chunks).where(*self._query_conditions(query))
+        if after is not None:
+            pos = tuple_(col, chunks.c.key)
+            stmt = stmt.where(pos < tuple_(*after) if descending else pos > tuple_(*after))
+        keys = (col.desc(), chunks.c.key.desc()) if descending else (col.asc(), chunks.c.key.asc())
+        stmt = stmt.order_by(*keys).limit(limit)
+        with self.engine.connect() as conn:
+            self._load_query_keys(conn, query)
+            return [ChunkRow(**r) for r in conn.execute(stmt).mappings()]
+
+    def count_chunks(self, query: ChunkQuery = ChunkQuery()) -> int:
+        """How many rows match ``query``. Changes nothing."""
+        if query.keys is not None and not query.keys:
+            return 0
+        stmt = select(func.count()).select_from(chunks).where(*self._query_conditions(query))
+        with self.engine.connect() as conn:
+            self._load_query_keys(conn, query)
+            return int(conn.execute(stmt).scalar() or 0)
+
+    def child_keys(self, key: bytes) -> list[bytes]:
+        """The stored chunks that extend ``key`` by one page."""
+        with self.engine.connect() as conn:
+            return list(conn.execute(select(chunks.c.key).where(chunks.c.parent_key == key)).scalars())
+
+    def subtree(self, key: bytes, limit: int) -> list[tuple[ChunkRow, int]]:
+        """``key``'s row and the rows of every stored chunk that extends it, with their depth below
+        it (0 for ``key``), deepest first; at most ``limit`` rows (the deepest). Empty when ``key``
+        is not stored."""
+        sql = text(
+            """WITH RECURSIVE sub(key, depth) AS (
+                   SELECT key, 0 FROM chunks WHERE key = :key
+                   UNION ALL
+                   SELECT c.key, sub.depth + 1 FROM chunks c JOIN sub ON c.parent_key = sub.key
+               )
+               SELECT c.*, sub.depth AS depth FROM sub JOIN chunks c ON c.key = sub.key
+               ORDER BY sub.depth DESC, c.key LIMIT :limit"""
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(sql, {"key": key, "limit": limit}).mappings().all()
+        out = []
+        for r in rows:
+            fields = {k: v for k, v in r.items() if k != "depth"}
+            fields["pinned"] = bool(fields["pinned"])
+            out.append((ChunkRow(**fields), int(r["depth"])))
+        return out
+
+    def leaves(self, namespace: str | None = None, after: tuple[float, bytes] | None = None,
+               limit: int = 256) -> list[ChunkRow]:
+        """Unpinned rows that no stored chunk extends (what eviction may take now), by (last access,
+        key), oldest first, starting after ``after``. Changes nothing."""
+        c = chunks.c
+        child = chunks.alias("child")
+        stmt = select(chunks).where(c.pinned.is_(False),
+                                    ~select(child.c.key).where(child.c.parent_key == c.key).exists())
+        if namespace is not None:
+            stmt = stmt.where(c.namespace == namespace)
+        if after is not None:
+            stmt = stmt.where(or_(c.last_access_at > after[0], and_(c.last_access_at == after[0], c.key > after[1])))
+        stmt = stmt.order_by(c.last_access_at, c.key).limit(limit)
+        with self.engine.connect() as conn:
+            return [ChunkRow(**r) for r in conn.execute(stmt).mappings()]
 
     # -- writes (each takes write_lock) ----------------------------------------------------
 

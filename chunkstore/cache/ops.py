@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from chunkstore.cache.policies import PolicyEnum
-from chunkstore.cache.radix_types import LockHandle
+from chunkstore.cache.radix_types import LockHandle, RadixNode
 from chunkstore.keys import PageRef
 
 
@@ -61,11 +61,12 @@ class BackupOp(TransferOp):
 
 @dataclass(eq=False)
 class PersistOp(TransferOp):
-    """Host -> disk: ``store.put`` of ``pages`` from the host pages ``host_slots`` (tree-held, locked)."""
+    """Host -> disk: ``store.put`` of ``pages`` from the host pages ``host_slots`` (tree-held; not
+    locked: host evictions skip pages being persisted, so the device copy stays evictable)."""
 
     pages: tuple[PageRef, ...] = ()
     host_slots: torch.Tensor = None
-    anchor: LockHandle | None = None
+    node: RadixNode | None = None  # the node holding the last page when the op began
 
     def __post_init__(self) -> None:
         self.path = TransferPath.HOST_TO_DISK

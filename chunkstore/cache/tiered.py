@@ -4,7 +4,8 @@ Invariants: every tree change happens under ``tree.lock``, and nothing waits for
 while holding it (acks take it); a slot is owned by exactly one of: the free list, the tree, an
 in-flight operation, or the caller it was allocated for; a page is marked present on a tier only
 after its bytes landed there (acks, never submissions, set residency); a transfer that reads
-tree-held pages keeps them locked until its ack; eviction never drops a copy the policy keeps
+tree-held pages keeps them in place until its ack (a lock, or for a persist, host evictions that
+skip its pages); eviction never drops a copy the policy keeps
 (write-back backs up before a device eviction; a host page leaves only once it is on disk, where a
 disk tier exists) and, when it cannot keep it, leaves it in place instead.
 """
@@ -19,14 +20,29 @@ from dataclasses import dataclass
 
 import torch
 
+from chunkstore.cache.admin import CacheAdministration
 from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.controller import DEFAULT_PREFETCH_BATCH_PAGES, TierController
 from chunkstore.cache.layout import KVLayout
-from chunkstore.cache.ops import Ack, BackupOp, LoadBackOp, PersistOp, PrefetchOp, TransferPath
+from chunkstore.cache.ops import (
+    Ack,
+    BackupOp,
+    LoadBackOp,
+    PersistOp,
+    PrefetchOp,
+    TransferPath,
+)
 from chunkstore.cache.policies import PrefetchPolicy, WritePolicy
 from chunkstore.cache.pools import DevicePool, HostPool, PoolExhaustedError
 from chunkstore.cache.radix import RadixTree
-from chunkstore.cache.radix_types import InsertResult, LockHandle, MatchResult, RadixNode, TokenIds, _as_tokens
+from chunkstore.cache.radix_types import (
+    InsertResult,
+    LockHandle,
+    MatchResult,
+    RadixNode,
+    TokenIds,
+    _as_tokens,
+)
 from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsage
 from chunkstore.identity import ModelIdentity
 from chunkstore.keys import DEFAULT_NAMESPACE, chain_pages
@@ -36,6 +52,7 @@ log = logging.getLogger(__name__)
 
 _ALLOCATE_WAIT_S = 30.0  # longest wait for in-flight transfers to release pages before giving up
 _LOAD_BACK_WAIT_S = 1.0  # longest a load-back waits for write-through copies to unlock device pages
+
 
 
 @dataclass(eq=False)
@@ -72,7 +89,7 @@ class FlushResult:
     failed_pages: int  # pages the policy keeps that could not be written down
 
 
-class TieredCache:
+class TieredCache(CacheAdministration):
     """A three-tier KV cache over token prefixes, per namespace.
 
     The engine's cycle: ``match`` (loads what host and disk hold onto the device, returns the usable
@@ -305,7 +322,8 @@ class TieredCache:
                     self.tree.set_device_slots(node, part)
                 else:  # another request loaded it meanwhile: use its copy
                     self.device_pool.free(part)
-                if node not in kept_share and node.lock_ref <= 1:  # no other request reads the host copy
+                if node not in kept_share and node.lock_ref <= 1 and node.keys[0] not in self._persisting:
+                    # no other request or write reads the host copy
                     self.host_pool.free(self.tree.set_host_slots(node, None))
             loaded = torch.cat([m.device_slots, *(node.device_slots for node in nodes)])
         if op.event is not None:
@@ -448,8 +466,10 @@ class TieredCache:
         """Submit a host->disk write of ``node`` (under the lock)."""
         if self.store is None or node.persisted or node.keys[0] in self._persisting:
             return
-        op = PersistOp(keys=node.keys, pages=tuple(node.pages()), host_slots=node.host_slots.clone(),
-                       anchor=self.tree.lock_node(node))
+        # Not locked: a lock would pin the node's device copy (and its ancestors') for a whole fsync.
+        # Its host copy, which the write reads, stays because every host eviction skips keys in
+        # _persisting, and a node with a copy is never removed from the tree.
+        op = PersistOp(keys=node.keys, pages=tuple(node.pages()), host_slots=node.host_slots.clone(), node=node)
         self._persisting.update(op.keys)
         self.controller.submit(op)
 
@@ -506,12 +526,11 @@ class TieredCache:
     def _apply_persist(self, ack: Ack, op: PersistOp) -> None:
         try:
             ok = dict(zip(op.keys, ack.ok))
-            for node in self._covering(op.anchor.node, op.keys):
+            for node in self._covering(op.node, op.keys):
                 if all(ok[k] for k in node.keys):
                     self.tree.mark_persisted(node)
         finally:
             self._persisting.difference_update(op.keys)
-            self.tree.unlock(op.anchor)
 
     def _apply_prefetch(self, ack: Ack, op: PrefetchOp) -> None:
         good = ack.num_leading_ok if op.num_loaded_pages == ack.start_page else 0
@@ -576,9 +595,9 @@ class TieredCache:
 
     def _evict_host_node(self, node: RadixNode) -> bool:
         """Free a node's host copy once it is on disk (writing it down first); False keeps it."""
+        if node.keys[0] in self._persisting:
+            return False  # a write of it is reading the host copy now (persists hold no lock)
         if self.store is not None and not self._is_on_disk(node):
-            if node.keys[0] in self._persisting:
-                return False
             start = time.perf_counter()
             try:
                 result = self.store.put(node.pages(), self.host_pool.views(node.host_slots))

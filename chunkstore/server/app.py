@@ -12,10 +12,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from chunkstore import __version__
+from chunkstore.body_limit import BodyLimitMiddleware
 from chunkstore.engine import Engine
 from chunkstore.server import health, openai_api, sglang_api
 from chunkstore.server.auth import KeyRing
-from chunkstore.server.body_limit import BodyLimitMiddleware
+from chunkstore.server.body_limit import HINT, body_too_large
 from chunkstore.server.deps import ServedModel
 from chunkstore.server.errors import install_error_handlers
 from chunkstore.server.handles import InFlight
@@ -33,10 +34,16 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     app.state.key_ring = KeyRing(settings.tenants)
     app.state.in_flight = InFlight()
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=body_too_large, hint=HINT)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHostMiddleware)
     app.include_router(health.router)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)
+    # The management API (api/, docs/API.md) under /api/v1, on the same port: the operator's handle
+    # on the running cache. Imported here so that the server package stays importable alone.
+    import api
+
+    api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode),
+              api.AdminSettings(host=settings.host))
     return app

@@ -1,0 +1,98 @@
+"""create_app: the management API as a FastAPI application over one backend; mount: inside another app.
+
+Invariants: everything the routes use is built here and kept in ``app.state.admin`` (nothing at
+import time); every route is under ``API_PREFIX`` (the OpenAPI spec and docs too, so ``mount`` can hand a
+server's requests under it to this app unchanged); the app never closes the backend (whoever built it
+does); middleware order, outermost first: Host check (400), body limit (413), headers and timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.routing import BaseRoute, Match, NoMatchFound
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.backend.base import AdminBackend
+from api.errors import install_error_handlers
+from api.middleware import HostCheckMiddleware, ResponseMiddleware, body_too_large
+from api.routers import ROUTERS
+from api.runtime import AdminRuntime
+from api.settings import AdminSettings
+from chunkstore import __version__
+from chunkstore.body_limit import BodyLimitMiddleware
+
+API_PREFIX = "/api/v1"
+
+
+def create_app(backend: AdminBackend, settings: AdminSettings | None = None) -> FastAPI:
+    """The admin API over ``backend`` (CacheBackend: a live cache; StoreBackend: a store on disk).
+
+    Resolves the admin token now (from ``settings``, else the token file, generating it on first
+    start: see ``api.security``); the history sampler starts and stops with the app's lifespan.
+    Raises ValueError when no token can be had."""
+    settings = settings if settings is not None else AdminSettings()
+    runtime = AdminRuntime(backend, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(runtime.close)
+
+    app = FastAPI(title="chunkstore admin", version=__version__, lifespan=lifespan,
+                  description="The management API of a chunkstore cache (docs/API.md)",
+                  openapi_url=f"{API_PREFIX}/openapi.json", docs_url=f"{API_PREFIX}/docs", redoc_url=None)
+    app.state.admin = runtime
+    install_error_handlers(app)
+    app.add_middleware(ResponseMiddleware, observe=runtime.metrics.observe)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=body_too_large)
+    app.add_middleware(HostCheckMiddleware, allowed=runtime.allowed_hosts)  # added last: runs first
+    for router in ROUTERS:
+        app.include_router(router, prefix=API_PREFIX)
+    return app
+
+
+class PrefixRoute(BaseRoute):
+    """Hands every request under ``prefix`` to ``app`` with its path unchanged (a Starlette Mount
+    strips the prefix, and one at ``/`` would also take the parent's unknown paths)."""
+
+    def __init__(self, prefix: str, app: ASGIApp) -> None:
+        self.prefix, self.app = prefix.rstrip("/"), app
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] in ("http", "websocket"):
+            path = scope["path"].removeprefix(scope.get("root_path", "") or "")
+            if path == self.prefix or path.startswith(self.prefix + "/"):
+                return Match.FULL, {}
+        return Match.NONE, {}
+
+    def url_path_for(self, name: str, /, **path_params: str):
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
+
+
+def mount(parent: FastAPI, backend: AdminBackend, settings: AdminSettings | None = None) -> FastAPI:
+    """Serve the admin API inside ``parent`` (e.g. `chunkstore serve`'s app): requests under
+    ``API_PREFIX`` go to the admin app (before parent's own routes), everything else stays parent's;
+    the admin app's lifespan runs inside parent's (Starlette never runs a mounted app's own).
+    Returns the admin app. Raises as ``create_app``."""
+    admin = create_app(backend, settings)
+    parent.router.routes.insert(0, PrefixRoute(API_PREFIX, admin))
+    outer = parent.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with admin.router.lifespan_context(admin):
+            async with outer(app) as state:
+                yield state
+
+    parent.router.lifespan_context = lifespan
+    return admin

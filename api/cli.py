@@ -1,0 +1,101 @@
+"""`chunkstore admin`: the management API alone, over a store on disk, served by uvicorn.
+
+Invariants: importing this module imports nothing heavy (the parser is built for every command);
+flags win over CHUNKSTORE_ADMIN_* variables, which win over defaults; the address served and the
+admin token's file (never the token) are printed at start; the store is closed on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+
+DEFAULT_DATA_DIR = "chunkstore-data"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--disk-path", default=os.environ.get("CHUNKSTORE_DISK_PATH", DEFAULT_DATA_DIR),
+                   help="folder of the chunk store (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1, or $CHUNKSTORE_ADMIN_HOST); beyond "
+                                  "loopback, reads need the token too")
+    p.add_argument("--port", type=int, help="TCP port (default 8001, or $CHUNKSTORE_ADMIN_PORT; 0: any free port)")
+    p.add_argument("--admin-token", help="the bearer token (default $CHUNKSTORE_ADMIN_TOKEN, else the token file "
+                                         "in the store folder, generated on first start)")
+    p.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="a Host header name to accept besides loopback names and the bind address (repeatable)")
+    p.add_argument("--namespace-token", action="append", metavar="NAMESPACE=TOKEN",
+                   help="a token that sees and changes only NAMESPACE (repeatable)")
+    p.add_argument("--read-only", action="store_true",
+                   help="open the store read-only (beside a running writer); state-changing calls answer 409")
+
+
+def _settings(args: argparse.Namespace):
+    from api.settings import AdminSettings
+
+    given = {"host": args.host, "port": args.port, "token": args.admin_token,
+             "allowed_hosts": tuple(args.allowed_host) if args.allowed_host else None,
+             "namespace_tokens": tuple(args.namespace_token) if args.namespace_token else None}
+    return AdminSettings(**{k: v for k, v in given.items() if v is not None})
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), port))
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM. Returns 0, or 2 with a message for a store that cannot be opened,
+    bad settings, or an address that cannot be bound."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from api.app import API_PREFIX, create_app
+    from api.backend import StoreBackend
+    from chunkstore.index import IndexMissingError
+    from chunkstore.store import StoreBusyError
+
+    def fail(message: str) -> int:
+        print(f"chunkstore: error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        settings = _settings(args)
+    except ValidationError as exc:
+        return fail(f"bad admin settings: {exc.errors()[0]['msg']}")
+    try:
+        backend = StoreBackend(args.disk_path, read_only=args.read_only)
+    except StoreBusyError as exc:
+        return fail(f"{exc} (a running `chunkstore serve` mounts this API at {API_PREFIX}; or pass --read-only)")
+    except (FileNotFoundError, IndexMissingError, RuntimeError, ValueError, OSError) as exc:
+        return fail(str(exc))
+    try:
+        try:
+            app = create_app(backend, settings)
+            sock = _bind(settings.host, settings.port)
+        except (ValueError, OSError) as exc:
+            return fail(str(exc))
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"chunkstore admin: serving {args.disk_path} at http://{shown}:{port}{API_PREFIX} "
+              f"(docs at {API_PREFIX}/docs)", file=sys.stderr)
+        token = app.state.admin.token
+        where = f"in {token.path}" if token.path is not None else "from --admin-token / CHUNKSTORE_ADMIN_TOKEN"
+        print(f"chunkstore admin: admin token {where}", file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, log_level="info", lifespan="on", timeout_graceful_shutdown=5)
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler
+        # it found: a no-op one lets the store close below (the default one would kill the process).
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0
+    finally:
+        backend.close()

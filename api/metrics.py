@@ -1,0 +1,142 @@
+"""Prometheus metrics: the backend's figures read at each scrape, plus the API's own request latencies.
+
+Invariants: one registry per app (nothing global, so apps and tests never share counters); every
+metric name starts with ``chunkstore_``; cache counters are exposed as counters (they only grow
+within a process) and usage as gauges; a scrape that cannot read the backend exposes the request
+metrics only, never an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from api.backend.base import AdminBackend, BackendError
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_REQUEST_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"chunkstore_{name}", doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(f"chunkstore_{name}", doc, labels=list(labels))
+
+
+class SnapshotCollector(Collector):
+    """Reads one backend snapshot per scrape."""
+
+    def __init__(self, backend: AdminBackend) -> None:
+        self.backend = backend
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snap = self.backend.snapshot()
+        except BackendError:
+            return
+        up = _gauge("uptime_seconds", "seconds since the cache (or the admin API over a store) started")
+        up.add_metric([], snap.uptime_s)
+        yield up
+        c, s = snap.cache, snap.store
+        if c is not None:
+            yield from self._cache(c)
+        if s is not None:
+            yield from self._store(s)
+
+    @staticmethod
+    def _cache(c) -> Iterator[Metric]:
+        lookups = _counter("lookups", "prefix lookups (match calls)")
+        lookups.add_metric([], c.lookups)
+        tokens = _counter("lookup_tokens", "tokens looked up")
+        tokens.add_metric([], c.lookup_tokens)
+        hits = _counter("hit_tokens", "cached tokens used, by the tier they were found on", ("tier",))
+        for tier, n in c.hit_tokens.items():
+            hits.add_metric([tier], n)
+        rate = _gauge("hit_rate", "hit tokens / looked-up tokens since start")
+        rate.add_metric([], c.hit_rate)
+        yield from (lookups, tokens, hits, rate)
+        families = {
+            "bytes": _counter("transfer_bytes", "bytes moved, by path", ("path",)),
+            "pages": _counter("transfer_pages", "pages moved, by path", ("path",)),
+            "ops": _counter("transfer_ops", "transfer operations completed, by path", ("path",)),
+            "failed": _counter("transfer_failed_pages", "pages a transfer failed to move, by path", ("path",)),
+            "seconds": _counter("transfer_seconds", "wall time spent moving pages, by path", ("path",)),
+        }
+        longest = _gauge("transfer_max_seconds", "longest single transfer, by path", ("path",))
+        queue = _gauge("queue_depth", "operations queued or running, by path", ("path",))
+        for path, p in c.paths.items():
+            for family, value in zip(families.values(), (p.num_bytes, p.num_pages, p.num_ops, p.failed_pages,
+                                                         p.total_s)):
+                family.add_metric([path], value)
+            longest.add_metric([path], p.max_s)
+            queue.add_metric([path], c.queue_depths.get(path, 0))
+        yield from families.values()
+        yield from (longest, queue)
+        usage = {
+            "capacity": _gauge("tier_capacity_bytes", "capacity of a tier", ("tier",)),
+            "used": _gauge("tier_used_bytes", "allocated bytes of a tier", ("tier",)),
+            "cached": _gauge("tier_cached_bytes", "bytes the radix tree holds on a memory tier", ("tier",)),
+            "evictable": _gauge("tier_evictable_bytes", "unlocked cached bytes of a memory tier", ("tier",)),
+            "locked": _gauge("tier_locked_bytes", "locked cached bytes of a memory tier", ("tier",)),
+        }
+        for tier, u in (("device", c.device), ("host", c.host)):
+            b = u.page_size_bytes
+            for family, pages in zip(usage.values(), (u.capacity_pages, u.used_pages, u.cached_pages,
+                                                      u.evictable_pages, u.locked_pages)):
+                family.add_metric([tier], pages * b)
+        yield from usage.values()
+        evicted = _counter("evicted_pages", "pages evicted from a memory tier", ("tier",))
+        for tier, n in c.evicted_pages.items():
+            evicted.add_metric([tier], n)
+        skipped = _counter("backups_skipped", "write-throughs not done for want of host room")
+        skipped.add_metric([], c.backups_skipped)
+        yield from (evicted, skipped)
+
+    @staticmethod
+    def _store(s) -> Iterator[Metric]:
+        used = _gauge("disk_stored_bytes", "stored (compressed) bytes of the disk tier")
+        used.add_metric([], s.stored_bytes)
+        raw = _gauge("disk_raw_bytes", "raw bytes of the chunks on disk")
+        raw.add_metric([], s.raw_bytes)
+        chunks = _gauge("disk_chunks", "chunks on disk")
+        chunks.add_metric([], s.num_chunks)
+        ratio = _gauge("disk_compression_ratio", "raw / stored bytes")
+        ratio.add_metric([], s.compression_ratio)
+        yield from (used, raw, chunks, ratio)
+        if s.capacity_bytes is not None:
+            cap = _gauge("disk_capacity_bytes", "capacity of the disk tier in stored bytes")
+            cap.add_metric([], s.capacity_bytes)
+            yield cap
+        for name, value, doc in (("disk_hits", s.hits, "chunks loaded"), ("disk_misses", s.misses, "chunks missed"),
+                                 ("disk_dedup_hits", s.dedup_hits, "puts of chunks already stored"),
+                                 ("disk_evictions", s.evictions, "chunks evicted"),
+                                 ("disk_quarantined", s.quarantined, "corrupt chunks moved to quarantine"),
+                                 ("disk_write_errors", s.write_errors, "chunk writes that failed")):
+            family = _counter(name, doc + " (persists across restarts)")
+            family.add_metric([], value)
+            yield family
+
+
+class AdminMetrics:
+    """The registry of one admin app."""
+
+    def __init__(self, backend: AdminBackend) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SnapshotCollector(backend))
+        self.request_seconds = Histogram(
+            "chunkstore_admin_request_duration_seconds", "time to the start of each admin API response",
+            ("route", "method", "status"), registry=self.registry, buckets=_REQUEST_BUCKETS_S)
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.request_seconds.labels(route, method, str(status)).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,53 @@
+"""AdminRuntime: everything one admin app holds (backend, settings, tokens, history, jobs, metrics).
+
+Invariants: built by ``create_app`` (never at import time), kept in ``app.state.admin``, started
+and closed by the app's lifespan (or the parent's, when mounted: see ``api.app.mount``); the
+backend is the caller's and is never closed here; closing stops the sampler, asks jobs to stop
+and ends event streams at their next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from api.backend.base import AdminBackend
+from api.history import HistorySampler, HistoryTable
+from api.jobs import JobRunner
+from api.metrics import AdminMetrics
+from api.security import AdminToken, TokenSource, allowed_host_names, is_loopback, resolve_tokens
+from api.settings import AdminSettings
+
+log = logging.getLogger(__name__)
+
+
+class AdminRuntime:
+    def __init__(self, backend: AdminBackend, settings: AdminSettings) -> None:
+        """Raises ValueError when no admin token can be had (see ``resolve_tokens``)."""
+        self.backend, self.settings = backend, settings
+        self.token: AdminToken = resolve_tokens(settings, backend.data_dir)
+        self.reads_need_token = not is_loopback(settings.host)
+        self.allowed_hosts = allowed_host_names(settings)
+        self.history = HistoryTable(settings.history_max_rows)
+        self.sampler = HistorySampler(backend, self.history, settings.history_interval_s)
+        self.jobs = JobRunner(backend, self.history, keep=settings.job_history)
+        self.metrics = AdminMetrics(backend)
+        self.closing = threading.Event()
+        if self.token.source is TokenSource.GENERATED:
+            log.warning("generated an admin token into %s (mode 0600)", self.token.path)
+        elif self.token.path is not None:
+            log.info("admin token: %s", self.token.path)
+
+    @property
+    def token_path(self) -> Path | None:
+        return self.token.path
+
+    def start(self) -> None:
+        self.closing.clear()
+        self.sampler.start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.sampler.stop()
+        self.jobs.close()

@@ -1,0 +1,128 @@
+"""The config family: ConfigPublic (GET /config: the effective settings, never a token) and
+ConfigPatch (PATCH /config: only the settings that are safe to change live; anything else is 422
+with a message that says why)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from chunkstore.cache.config import CacheConfig
+from chunkstore.cache.policies import PrefetchPolicy
+from chunkstore.cache.radix_policy import EvictionPolicy
+from chunkstore.cache.admin import LIVE_SETTINGS
+from chunkstore.identity import ModelIdentity
+
+from api.schemas.common import BackendName
+
+
+class IdentityPublic(BaseModel):
+    model_id: str
+    kv_dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    layout_version: int
+    tp_rank: int
+    tp_size: int
+    page_size_bytes: int
+
+    @classmethod
+    def of(cls, identity: ModelIdentity) -> "IdentityPublic":
+        return cls(model_id=identity.model_id, kv_dtype=identity.kv_dtype, num_layers=identity.num_layers,
+                   num_kv_heads=identity.num_kv_heads, head_dim=identity.head_dim, page_size=identity.page_size,
+                   layout_version=identity.layout_version, tp_rank=identity.tp_rank, tp_size=identity.tp_size,
+                   page_size_bytes=identity.page_size_bytes)
+
+
+class CacheSettingsPublic(BaseModel):
+    """The running cache's CacheConfig (docs/CONFIG.md)."""
+
+    page_size: int
+    device_size: str
+    host_ratio: float
+    host_size: str | None
+    use_disk: bool
+    disk_path: str
+    disk_ratio: float | None
+    disk_size: float | None
+    write_policy: str
+    write_through_threshold: int
+    prefetch_policy: str
+    prefetch_timeout_s: float
+    compression: str
+    disk_load_host_share: float
+    eviction_policy: str
+
+
+class StoreSettingsPublic(BaseModel):
+    path: str
+    capacity_bytes: int | None
+    codec: str
+    read_only: bool
+
+
+class AdminSettingsPublic(BaseModel):
+    host: str
+    port: int
+    allowed_hosts: list[str]
+    reads_need_token: bool
+    token_source: str = Field(description="settings (environment or flag), file, or generated")
+    token_file: str | None
+    namespace_tokens: list[str] = Field(description="the namespaces that have a token (never the tokens)")
+    max_body_bytes: int
+    history_interval_s: float
+    history_max_rows: int
+    events_interval_s: float
+    events_max_s: float
+
+
+class ConfigPublic(BaseModel):
+    backend: BackendName
+    identity: IdentityPublic
+    cache: CacheSettingsPublic | None = Field(description="None offline")
+    store: StoreSettingsPublic | None = Field(description="None without a disk tier")
+    admin: AdminSettingsPublic
+    live_settings: list[str] = Field(description="what PATCH /config may change on this backend")
+
+
+_FIXED = set(CacheConfig.model_fields) - set(LIVE_SETTINGS)
+
+
+class ConfigPatch(BaseModel):
+    """Settings to change now (in this process only: restarts use the flags and environment again).
+    ``disk_size`` (GB, null: unbounded) applies at the next put, which evicts down to it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eviction_policy: EvictionPolicy | None = None
+    prefetch_policy: PrefetchPolicy | None = None
+    prefetch_timeout_s: float | None = Field(None, gt=0, le=3600)
+    write_through_threshold: int | None = Field(None, ge=1, le=2**31)
+    disk_load_host_share: float | None = Field(None, ge=0, le=1)
+    disk_size: float | None = Field(None, gt=0, le=1e9)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_live(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            fixed = sorted(set(data) & _FIXED)
+            if fixed:
+                raise ValueError(f"{', '.join(fixed)} cannot change while the cache runs (restart with the new "
+                                 f"value); live settings: {', '.join(LIVE_SETTINGS)}")
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(f"unknown setting {', '.join(unknown)}; live settings: {', '.join(LIVE_SETTINGS)}")
+        return data
+
+    def changes(self) -> dict[str, Any]:
+        """The settings given, nulls included where they mean something (disk_size: unbounded)."""
+        out = {}
+        for name in self.model_fields_set:
+            value = getattr(self, name)
+            if value is None and name != "disk_size":
+                continue
+            out[name] = value
+        return out

@@ -1,0 +1,82 @@
+"""The job family: parameters per kind, results per kind, JobPublic (GET /jobs/{id})."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.jobs import Job, JobKind, JobState
+
+
+class VerifyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    repair: bool = Field(False, description="quarantine corrupt files, drop rows of missing ones, adopt orphans")
+
+
+class RebuildParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GcParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    purge_quarantine: bool = False
+    disk_size_bytes: int | None = Field(None, ge=1, le=2**62, description="evict down to this many stored bytes")
+
+
+class VerifyResult(BaseModel):
+    checked: int
+    ok: int
+    corrupt: int
+    missing: int
+    quarantined: int
+    rows_dropped: int
+    orphans: int
+    adopted: int
+    temps_removed: int
+
+
+class RebuildResult(BaseModel):
+    scanned: int
+    indexed: int
+    quarantined: int
+
+
+class GcResult(BaseModel):
+    temps_removed: int
+    evicted_chunks: int
+    evicted_bytes: int
+    quarantine_purged: int
+
+
+_RESULTS = {JobKind.VERIFY: VerifyResult, JobKind.REBUILD: RebuildResult, JobKind.GC: GcResult}
+
+
+class JobProgress(BaseModel):
+    done: int
+    total: int | None = Field(description="None while unknown (a rebuild counts files as it finds them)")
+    fraction: float | None
+
+
+class JobPublic(BaseModel):
+    id: str
+    kind: JobKind
+    state: JobState
+    params: dict[str, bool | int | None]
+    progress: JobProgress
+    created_at: float
+    finished_at: float | None
+    result: VerifyResult | RebuildResult | GcResult | None
+    error: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> "JobPublic":
+        fraction = min(1.0, job.done / job.total) if job.total else (1.0 if job.total == 0 else None)
+        result = _RESULTS[job.kind](**job.result) if job.result is not None else None
+        return cls(id=job.id, kind=job.kind, state=job.state, params=job.params,
+                   progress=JobProgress(done=job.done, total=job.total, fraction=fraction),
+                   created_at=job.created_at, finished_at=job.finished_at, result=result, error=job.error)
+
+
+class JobList(BaseModel):
+    items: list[JobPublic]

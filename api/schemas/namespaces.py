@@ -1,0 +1,46 @@
+"""The namespace family: NamespacePublic (usage, quota, hit rate), NamespaceList, QuotaUpdate."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chunkstore.store import NamespaceStats
+
+
+class NamespacePublic(BaseModel):
+    namespace: str
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    quota_bytes: int | None
+    hits: int = Field(description="chunks loaded from disk")
+    misses: int = Field(description="chunks asked of the disk tier and not found")
+    hit_rate: float = Field(description="hits / (hits + misses) on the disk tier")
+    dedup_hits: int
+    evictions: int
+    quarantined: int
+    device_pages: int | None = Field(None, description="pages held on the device (a live cache)")
+    host_pages: int | None = Field(None, description="pages held in host memory (a live cache)")
+
+    @classmethod
+    def of(cls, namespace: str, disk: NamespaceStats | None, memory: tuple[int, int] | None) -> "NamespacePublic":
+        hits, misses = (disk.hits, disk.misses) if disk else (0, 0)
+        return cls(namespace=namespace, num_chunks=disk.num_chunks if disk else 0,
+                   raw_bytes=disk.raw_bytes if disk else 0, stored_bytes=disk.stored_bytes if disk else 0,
+                   quota_bytes=disk.quota_bytes if disk else None, hits=hits, misses=misses,
+                   hit_rate=hits / (hits + misses) if hits + misses else 0.0,
+                   dedup_hits=disk.dedup_hits if disk else 0, evictions=disk.evictions if disk else 0,
+                   quarantined=disk.quarantined if disk else 0,
+                   device_pages=memory[0] if memory else None, host_pages=memory[1] if memory else None)
+
+
+class NamespaceList(BaseModel):
+    items: list[NamespacePublic]
+
+
+class QuotaUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    quota_bytes: int | None = Field(ge=0, le=2**62, description="stored bytes the namespace may use; null removes "
+                                                                "the quota. Applies at its next put, which evicts "
+                                                                "within the namespace to fit")

@@ -1,0 +1,156 @@
+"""The stats family: StatsPublic (GET /stats) and StatsHistory (GET /stats/history), built from one
+BackendSnapshot so that the JSON, the history and the metrics show the same figures."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from chunkstore.cache.stats import TierUsage
+from chunkstore.store import NamespaceStats, StoreStats
+
+from api.backend.base import BackendSnapshot
+from api.schemas.common import BackendName, TierName
+
+
+class TierPublic(BaseModel):
+    name: TierName
+    capacity_bytes: int | None = Field(description="None: unbounded (a disk tier without a capacity)")
+    used_bytes: int = Field(description="memory: allocated slots; disk: stored (compressed) bytes")
+    cached_bytes: int | None = Field(None, description="memory tiers: bytes the radix tree holds")
+    evictable_bytes: int | None = Field(None, description="memory tiers: cached and unlocked")
+    locked_bytes: int | None = Field(None, description="memory tiers: cached and locked by requests or transfers")
+    num_chunks: int | None = Field(None, description="disk tier: chunk files")
+
+    @classmethod
+    def of_memory(cls, name: TierName, u: TierUsage) -> "TierPublic":
+        b = u.page_size_bytes
+        return cls(name=name, capacity_bytes=u.capacity_pages * b, used_bytes=u.used_pages * b,
+                   cached_bytes=u.cached_pages * b, evictable_bytes=u.evictable_pages * b,
+                   locked_bytes=u.locked_pages * b)
+
+
+class HitsPublic(BaseModel):
+    lookups: int
+    lookup_tokens: int
+    hit_tokens: dict[str, int] = Field(description="used cached tokens by the tier they were found on")
+    hit_rate: float = Field(description="hit tokens / looked-up tokens")
+
+
+class PathPublic(BaseModel):
+    num_ops: int
+    num_pages: int
+    num_bytes: int
+    failed_pages: int
+    total_s: float
+    max_s: float
+    gbps: float
+
+
+class DiskPublic(BaseModel):
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    capacity_bytes: int | None = Field(description="the store's capacity, or a namespace's quota")
+    compression_ratio: float
+    hits: int
+    misses: int
+    dedup_hits: int
+    evictions: int
+    quarantined: int
+    write_errors: int | None = Field(None, description="store-wide only")
+    read_only: bool
+
+    @classmethod
+    def of_store(cls, s: StoreStats, read_only: bool) -> "DiskPublic":
+        return cls(num_chunks=s.num_chunks, raw_bytes=s.raw_bytes, stored_bytes=s.stored_bytes,
+                   capacity_bytes=s.capacity_bytes, compression_ratio=s.compression_ratio, hits=s.hits,
+                   misses=s.misses, dedup_hits=s.dedup_hits, evictions=s.evictions, quarantined=s.quarantined,
+                   write_errors=s.write_errors, read_only=read_only)
+
+    @classmethod
+    def of_namespace(cls, n: NamespaceStats, read_only: bool) -> "DiskPublic":
+        return cls(num_chunks=n.num_chunks, raw_bytes=n.raw_bytes, stored_bytes=n.stored_bytes,
+                   capacity_bytes=n.quota_bytes,
+                   compression_ratio=n.raw_bytes / n.stored_bytes if n.stored_bytes else 1.0, hits=n.hits,
+                   misses=n.misses, dedup_hits=n.dedup_hits, evictions=n.evictions, quarantined=n.quarantined,
+                   read_only=read_only)
+
+
+class StatsPublic(BaseModel):
+    backend: BackendName
+    namespace: str | None = Field(description="set when the figures are one namespace's (a namespace token)")
+    taken_at: float = Field(description="epoch seconds")
+    uptime_s: float
+    tiers: list[TierPublic]
+    hits: HitsPublic | None = Field(description="lookups and hits; None offline and for a namespace")
+    paths: dict[str, PathPublic] = Field(description="transfers by path (device_to_host, host_to_disk, ...)")
+    queue_depths: dict[str, int]
+    evicted_pages: dict[str, int]
+    backups_skipped: int | None
+    disk: DiskPublic | None = Field(description="None without a disk tier")
+
+    @classmethod
+    def of(cls, snap: BackendSnapshot, backend: BackendName, namespace: str | None = None) -> "StatsPublic":
+        """Cache-wide figures, or (``namespace``) only that namespace's disk figures."""
+        c, s = snap.cache, snap.store
+        if namespace is not None:
+            found = [n for n in s.namespaces if n.namespace == namespace] if s is not None else []
+            disk = DiskPublic.of_namespace(found[0], snap.store_read_only) if found else None
+            tiers = [TierPublic(name="disk", capacity_bytes=disk.capacity_bytes, used_bytes=disk.stored_bytes,
+                                num_chunks=disk.num_chunks)] if disk else []
+            return cls(backend=backend, namespace=namespace, taken_at=snap.taken_at, uptime_s=snap.uptime_s,
+                       tiers=tiers, hits=None, paths={}, queue_depths={}, evicted_pages={}, backups_skipped=None,
+                       disk=disk)
+        tiers = [TierPublic.of_memory("device", c.device), TierPublic.of_memory("host", c.host)] if c else []
+        if s is not None:
+            tiers.append(TierPublic(name="disk", capacity_bytes=s.capacity_bytes, used_bytes=s.stored_bytes,
+                                    num_chunks=s.num_chunks))
+        hits = HitsPublic(lookups=c.lookups, lookup_tokens=c.lookup_tokens, hit_tokens=dict(c.hit_tokens),
+                          hit_rate=c.hit_rate) if c else None
+        paths = {name: PathPublic(num_ops=p.num_ops, num_pages=p.num_pages, num_bytes=p.num_bytes,
+                                  failed_pages=p.failed_pages, total_s=p.total_s, max_s=p.max_s, gbps=p.gbps)
+                 for name, p in c.paths.items()} if c else {}
+        evicted = dict(c.evicted_pages) if c else {}
+        if s is not None:
+            evicted["disk_chunks"] = s.evictions
+        return cls(backend=backend, namespace=None, taken_at=snap.taken_at, uptime_s=snap.uptime_s, tiers=tiers,
+                   hits=hits, paths=paths, queue_depths=dict(c.queue_depths) if c else {}, evicted_pages=evicted,
+                   backups_skipped=c.backups_skipped if c else None,
+                   disk=DiskPublic.of_store(s, snap.store_read_only) if s else None)
+
+
+class HistorySample(BaseModel):
+    """One sample; memory-tier and lookup figures are None offline. Counters are cumulative since the
+    process started (``uptime_s``), so a sample whose uptime went down follows a restart."""
+
+    sampled_at: float
+    uptime_s: float
+    device_used_bytes: int | None
+    device_capacity_bytes: int | None
+    host_used_bytes: int | None
+    host_capacity_bytes: int | None
+    disk_stored_bytes: int | None
+    disk_raw_bytes: int | None
+    disk_capacity_bytes: int | None
+    disk_chunks: int | None
+    lookups: int | None
+    lookup_tokens: int | None
+    hit_tokens_device: int | None
+    hit_tokens_host: int | None
+    hit_tokens_disk: int | None
+    bytes_device_to_host: int | None
+    bytes_host_to_disk: int | None
+    bytes_disk_to_host: int | None
+    bytes_host_to_device: int | None
+    evicted_device_pages: int | None
+    evicted_host_pages: int | None
+    disk_evictions: int | None
+    disk_hits: int | None
+    disk_misses: int | None
+
+
+class StatsHistory(BaseModel):
+    interval_s: float
+    max_rows: int
+    is_recording: bool = Field(description="False without a writable disk tier: nothing is being sampled")
+    samples: list[HistorySample]
