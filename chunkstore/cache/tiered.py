@@ -141,7 +141,11 @@ class TieredCache(CacheAdministration):
             first = self._lock_exactly(self.tree.match_prefix(tokens, namespace))
         disk_pages = 0
         if self.store is not None and len(tokens) - first.num_tokens >= self.page_size:
-            disk_pages = self._fetch_from_disk(tokens, namespace, first, wait_for_prefetch)
+            try:
+                disk_pages = self._fetch_from_disk(tokens, namespace, first, wait_for_prefetch)
+            except BaseException:  # e.g. the store's index failing: no lock may stay behind
+                self.tree_unlock(first.handle)
+                raise
         if first.num_host_pages == 0 and disk_pages == 0:
             hit = self._hit(first, first.device_slots)  # the common case: all on device, or nothing
         else:

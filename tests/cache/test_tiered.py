@@ -857,3 +857,19 @@ def test_concurrent_requests_on_overlapping_prefixes(tmp_path, policy):
             for ids in ([0, 1, 1], [0, 2, 2], [0, 1, 2, 1], [0, 2, 1, 2, 1, 2]):
                 found = sum(cache.peek(toks(*ids), ns))
                 assert lookup(cache, toks(*ids), ns).num_tokens == found
+
+
+def test_a_failing_disk_lookup_leaves_no_lock_behind(tmp_path):
+    with open_cache(make_config(tmp_path)) as cache:
+        serve(cache, toks(1, 2))
+
+        def failing(keys):  # a fault injected into the real store: its index cannot be read
+            raise OSError("the index is unreadable")
+
+        cache.store.longest_prefix = failing
+        try:
+            with pytest.raises(OSError, match="unreadable"):
+                cache.match(toks(1, 2, 3, 4))  # the tree part is locked first, then the disk fails
+        finally:
+            del cache.store.longest_prefix
+        assert_consistent(cache)  # settled: nothing locked, every slot the tree's
