@@ -31,6 +31,18 @@ class Target:
         return {"value": self.value, "target": f"{self.op} {self.threshold:g}", "pass": self.passed}
 
 
+def record_targets(result: dict, targets: list[Target]) -> None:
+    """Put ``targets`` into ``result`` as the JSON shows them (``targets``, ``all_pass``)."""
+    result["targets"] = {t.name: t.to_dict() for t in targets}
+    result["all_pass"] = all(t.passed for t in targets)
+
+
+def verdict(result: dict, name: str) -> tuple[str, str]:
+    """(target, 'pass' or 'FAIL') of a recorded target, for a table row."""
+    t = result["targets"][name]
+    return t["target"], "pass" if t["pass"] else "FAIL"
+
+
 def make_cold(paths: Iterable[Path]) -> str:
     """Evict ``paths`` (files, already fsynced) from the page cache; returns the method used:
     'drop_caches' (the whole cache, needs root), 'fadvise_dontneed' (each file), or 'none'."""

@@ -31,7 +31,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from chunkstore.bench.common import GB, MIB, Target, files_under, make_cold
+from chunkstore.bench.common import (
+    GB,
+    MIB,
+    Target,
+    files_under,
+    make_cold,
+    record_targets,
+)
+from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import (
     KVSource,
     entropy_bound_ratio,
@@ -471,8 +479,7 @@ def run_store_bench(cfg: StoreBenchConfig) -> dict:
         Target("ratio_vs_bound", result["ratio_vs_bound"], ">=", 0.97),
         Target("exists_128_ms", result["exists_128_ms"], "<=", 2.0),
     ]
-    result["targets"] = {t.name: t.to_dict() for t in targets}
-    result["all_pass"] = all(t.passed for t in targets)
+    record_targets(result, targets)
     return result
 
 
@@ -481,10 +488,9 @@ def run_store_bench(cfg: StoreBenchConfig) -> dict:
 def format_table(r: dict) -> str:
     """The result as a readable table (built from the same dict the JSON holds)."""
     w = r["workers"]
-    t = r["targets"]
 
     def verdict(name: str) -> tuple[str, str]:
-        return t[name]["target"], "pass" if t[name]["pass"] else "FAIL"
+        return target_verdict(r, name)
 
     rows: list[tuple[str, str, str, str]] = [
         ("save GB/s (ChunkStore.put)", f"{r['save_gbps']:.2f}", "", ""),

@@ -23,7 +23,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from chunkstore.bench.common import GB, MIB, Target, files_under, make_cold
+from chunkstore.bench.common import (
+    GB,
+    MIB,
+    Target,
+    files_under,
+    make_cold,
+    record_targets,
+)
+from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import KVSource, make_pages
 from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.tiered import TieredCache
@@ -248,16 +256,14 @@ def run_tiers_bench(cfg: TiersBenchConfig) -> dict:
         Target("host_to_device_vs_memcpy", result["host_to_device_vs_memcpy"], ">=", 0.5),
         Target("disk_to_device_vs_load", result["disk_to_device_vs_load"], ">=", 0.8),
     ]
-    result["targets"] = {t.name: t.to_dict() for t in targets}
-    result["all_pass"] = all(t.passed for t in targets)
+    record_targets(result, targets)
     return result
 
 
 def format_table(r: dict) -> str:
-    t = r["targets"]
 
     def verdict(name: str) -> tuple[str, str]:
-        return t[name]["target"], "pass" if t[name]["pass"] else "FAIL"
+        return target_verdict(r, name)
 
     rows = [
         (f"match+insert ms, {r['request_tokens']}-token request, {r['num_conversations']} conversations",
