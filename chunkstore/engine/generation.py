@@ -68,7 +68,7 @@ class Generation:
         self.output_ids.append(token_id)
         if token_id in self.tokenizer.eos_token_ids and not self.params.ignore_eos:
             return self.finish(FinishReason.STOP)
-        self.handle.put_delta(self.text.append(self._stream.push(token_id)))
+        self.handle.put_delta(self.text.append(self._stream.push(token_id)), num_tokens=1)
         if self.text.is_stopped:
             return self.finish(FinishReason.STOP)
         if len(self.output_ids) >= self.params.max_tokens or self.seq.num_tokens >= self.max_positions:

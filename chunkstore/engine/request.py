@@ -20,6 +20,19 @@ from chunkstore.engine.tokenizer import Message
 from chunkstore.keys import DEFAULT_NAMESPACE
 
 
+class TextDelta(str):
+    """A piece of a stream's text, and ``num_tokens``: the output tokens it covers (tokens whose
+    bytes end no character yet are counted with the next piece). A ``str``, so a consumer that
+    wants only the text takes it as one."""
+
+    num_tokens: int
+
+    def __new__(cls, text: str, num_tokens: int) -> "TextDelta":
+        piece = super().__new__(cls, text)
+        piece.num_tokens = num_tokens
+        return piece
+
+
 class EngineError(RuntimeError):
     """Base of the engine's own errors."""
 
@@ -103,6 +116,7 @@ class RequestHandle:
         self.request = request
         self.prompt_ids = prompt_ids
         self._deltas: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending_tokens = 0  # engine thread only: tokens not yet streamed with a text
         self._done = threading.Event()
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
@@ -118,7 +132,7 @@ class RequestHandle:
             raise self._error
         return self._result
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[TextDelta]:
         """Text deltas until the end; raises the request's error at the end if it failed. One
         consumer: deltas are handed out once."""
         while True:
@@ -143,9 +157,12 @@ class RequestHandle:
 
     # -- engine side -------------------------------------------------------------------------------
 
-    def put_delta(self, text: str) -> None:
+    def put_delta(self, text: str, num_tokens: int = 0) -> None:
+        """Stream ``text`` (nothing while it is empty), which ``num_tokens`` new tokens produced."""
+        self._pending_tokens += num_tokens
         if text:
-            self._deltas.put(text)
+            self._deltas.put(TextDelta(text, self._pending_tokens))
+            self._pending_tokens = 0
 
     def complete(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         """Called once by the engine thread. Raises ValueError when already completed."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from anyio import to_thread
 
-from chunkstore.engine import Engine, GenerationResult, Request, RequestHandle
+from chunkstore.engine import Engine, GenerationResult, Request, RequestHandle, TextDelta
 from chunkstore.server.errors import ApiError
 
 
@@ -65,7 +65,7 @@ class AsyncHandle:
     def __init__(self, handle: RequestHandle, in_flight: InFlight, loop: asyncio.AbstractEventLoop) -> None:
         self.handle = handle
         self._in_flight, self._loop = in_flight, loop
-        self._items: asyncio.Queue[str | _Outcome] = asyncio.Queue()
+        self._items: asyncio.Queue[TextDelta | _Outcome] = asyncio.Queue()
         self._outcome: _Outcome | None = None
         in_flight.add(handle)
         threading.Thread(target=self._pump, name=f"chunkstore-serve-{handle.request_id}", daemon=True).start()
@@ -97,14 +97,14 @@ class AsyncHandle:
         self._in_flight.discard(self.handle)
         self._post(outcome)
 
-    def _post(self, item: str | _Outcome) -> None:
+    def _post(self, item: TextDelta | _Outcome) -> None:
         try:
             self._loop.call_soon_threadsafe(self._items.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody waits for this request any more
             pass
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """Text deltas as the engine produces them, until the request ends."""
+    async def deltas(self) -> AsyncIterator[TextDelta]:
+        """Text deltas (each with the tokens it covers) as the engine produces them, until the request ends."""
         while self._outcome is None:
             item = await self._items.get()
             if isinstance(item, _Outcome):

@@ -4,8 +4,10 @@ Invariants: /generate answers what SGLang's does (``text``, ``meta_info`` with `
 plus ``output_ids`` (the generated ids, so a client can build the next turn from ids: a random
 model's bytes are rarely valid UTF-8); a stream's events carry the text so far (cumulative, as
 SGLang streams it), the last one the whole ``meta_info`` and ``output_ids``, then ``[DONE]``.
-/flush_cache writes the cache's memory tiers down to disk and keeps them (nothing is dropped: the
-cache has no "clear"); it needs the API key when keys are configured, like everything but /health.
+/flush_cache empties the memory tiers as SGLang's does (refused with 400 while requests are in flight),
+after writing them down to the disk tier, which keeps them (as SGLang's HiCache storage tier does);
+a page that cannot be written stays in memory, so nothing is lost. It needs the API key when keys
+are configured, like everything but /health.
 """
 
 from __future__ import annotations
@@ -49,12 +51,13 @@ async def generate(body: GenerateRequest, engine: EngineDep, caller: CallerDep, 
 
 
 async def _generate_events(handle: AsyncHandle, rid: str, eos_ids: frozenset[int]) -> AsyncIterator[str]:
-    text, pieces = "", 0
+    text, num_tokens = "", 0
     async for delta in handle.deltas():
-        text, pieces = text + delta, pieces + 1
-        # completion_tokens while streaming counts text pieces (a piece is one or more tokens);
-        # the last event has the exact count.
-        meta = MetaInfo(id=rid, finish_reason=None, prompt_tokens=handle.prompt_tokens, completion_tokens=pieces)
+        # completion_tokens while streaming: the tokens whose text has been sent (a token whose
+        # bytes end no character yet counts with the next piece); the last event is exact.
+        text, num_tokens = text + delta, num_tokens + delta.num_tokens
+        meta = MetaInfo(id=rid, finish_reason=None, prompt_tokens=handle.prompt_tokens,
+                        completion_tokens=num_tokens)
         yield sse.event(GenerateResponse(text=text, meta_info=meta).dump())
     result = await handle.result()
     final = GenerateResponse(text=result.text, output_ids=list(result.token_ids),
@@ -63,13 +66,26 @@ async def _generate_events(handle: AsyncHandle, rid: str, eos_ids: frozenset[int
 
 
 @router.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
-async def flush_cache(engine: EngineDep) -> PlainTextResponse:
-    """Write every page the memory tiers hold down to disk and wait (the pages stay cached)."""
+async def flush_cache(engine: EngineDep, in_flight: InFlightDep) -> PlainTextResponse:
+    """Write the memory tiers down to disk, then empty them; 400 while requests are in flight."""
+    if len(in_flight):
+        return PlainTextResponse("Cache not flushed: requests are in flight; retry when they are done.\n",
+                                 status_code=400)
+    flushed = await to_thread.run_sync(_flush_and_clear, engine)
+    return PlainTextResponse(flushed)
+
+
+def _flush_and_clear(engine) -> str:
+    lines = ["Cache flushed."]
     if engine.cache.store is None:
-        return PlainTextResponse("Cache flushed.\nThis server has no disk tier: nothing was written.\n")
-    flushed = await to_thread.run_sync(engine.flush)
-    return PlainTextResponse(f"Cache flushed.\n{flushed.persisted_pages} pages on disk, "
-                             f"{flushed.failed_pages} could not be written.\n")
+        lines.append("This server has no disk tier: nothing was written.")
+    else:
+        flushed = engine.flush()
+        lines.append(f"{flushed.persisted_pages} pages on disk, {flushed.failed_pages} could not be written "
+                     f"(those stay in memory).")
+    device, host = engine.cache.clear("device"), engine.cache.clear("host")
+    lines.append(f"{device} device and {host} host pages dropped from memory.")
+    return "\n".join(lines) + "\n"
 
 
 @router.get("/get_model_info", response_model=ModelInfo)

@@ -100,6 +100,7 @@ def test_stream_deltas_make_the_text(engine):
     deltas = list(handle)
     result = handle.result()
     assert "".join(deltas) == result.text and len(deltas) > 1
+    assert sum(d.num_tokens for d in deltas) == result.completion_tokens == 50  # every token streamed, once
     assert result.ttft_s <= result.latency_s and result.prompt_tokens == len(STORY) + 1
 
 

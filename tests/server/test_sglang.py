@@ -56,6 +56,8 @@ def test_generate_stream_is_cumulative(served):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))  # each event has the text so far
     assert texts[-1] == whole["text"]
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    counts = [c["meta_info"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and 0 < counts[0] and counts[-2] <= 10  # tokens streamed so far
     last = chunks[-1]
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 10}
     assert last["meta_info"]["completion_tokens"] == 10 and last["output_ids"] == whole["output_ids"]
@@ -92,14 +94,30 @@ def test_unsupported_sampling_params_are_refused(served):
         assert reply.status_code == 400 and reply.json()["error"]["message"], body
 
 
-def test_flush_cache_writes_memory_to_disk(served):
-    served.client.post("/generate", json={"text": "flush: " + STORY, "sampling_params": GREEDY})
+def test_flush_cache_writes_down_then_empties_memory(served):
+    body = {"text": "flush: " + STORY, "sampling_params": GREEDY}
+    first = served.client.post("/generate", json=body).json()
+    cached_before = served.engine.stats().device.cached_pages
     reply = served.client.post("/flush_cache")
     assert reply.status_code == 200 and reply.text.startswith("Cache flushed.")
     stats = served.engine.stats()
-    assert stats.disk.num_chunks >= stats.device.cached_pages  # every cached page has a copy on disk
+    assert stats.device.cached_pages == 0 and stats.host.cached_pages == 0  # emptied, as SGLang's
+    assert stats.disk.num_chunks >= cached_before > 0  # every page went down to disk first
     assert disk_chunks(served.engine.cache.config.disk_path) == stats.disk.num_chunks
+    again = served.client.post("/generate", json=body).json()  # served from disk, same output
+    assert again["output_ids"] == first["output_ids"]
+    details = again["meta_info"]["cached_tokens_details"]
+    assert details["disk"] > 0 and details["device"] == 0
     assert served.client.get("/flush_cache").status_code == 200  # SGLang takes GET too
+
+
+def test_flush_cache_refused_while_a_request_is_in_flight(served):
+    body = {"text": "in flight: " + STORY, "stream": True,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 400, "ignore_eos": True}}
+    with served.client.stream("POST", "/generate", json=body) as response:
+        next(response.iter_lines())  # the first event: the request is running
+        reply = served.client.post("/flush_cache")
+    assert reply.status_code == 400 and "in flight" in reply.text
 
 
 def test_get_model_info(served):
