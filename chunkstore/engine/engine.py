@@ -11,6 +11,7 @@ EngineClosedError).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import operator
@@ -36,10 +37,12 @@ _IDLE_WAIT_S = 0.1  # how long an idle scheduler blocks on the queue before it r
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """``max_queue_size``: requests waiting for the scheduler. ``max_running_requests``: requests
-    decoded round-robin, one token each per turn (1 = strictly one after another)."""
+    decoded together, one token each per turn (1 = strictly one after another). ``batch_decode``:
+    a turn feeds the running requests' tokens in one forward (False: one forward each)."""
 
     max_queue_size: int = 64
     max_running_requests: int = 4
+    batch_decode: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_queue_size", "max_running_requests"):
@@ -173,11 +176,38 @@ class Engine:
             while not self._is_closing:
                 if len(self._running) < self.config.max_running_requests:
                     self._admit(block=not self._running)
-                for gen in list(self._running):
-                    self._guarded(gen, gen.step)
+                self._decode_turn()
         finally:  # also when something escaped the per-request guard: no handle is left hanging
             self._is_closing = True
             self._shut_down()
+
+    def _decode_turn(self) -> None:
+        """One token for every running request: cancelled ones finish; the rest are fed in one
+        batched forward (one each when batching is off, or when the batch fails: a batch that
+        raises has changed no sequence, so each is then retried alone and fails on its own)."""
+        batch, tokens, singles = [], [], []
+        for gen in list(self._running):  # one read of each token: a cancel may land at any time
+            token = gen.pending_token
+            if token is None:
+                singles.append(gen)
+            else:
+                batch.append(gen)
+                tokens.append(token)
+        if len(batch) < 2 or not self.config.batch_decode:
+            singles, batch = singles + batch, []
+        for gen in singles:
+            self._guarded(gen, gen.step)
+        if not batch:
+            return
+        try:
+            rows = self.runner.decode_batch([gen.seq for gen in batch], tokens)
+        except Exception:
+            log.exception("a batched decode of %d requests failed; decoding them one by one", len(batch))
+            for gen in batch:
+                self._guarded(gen, gen.step)
+            return
+        for gen, logits in zip(batch, rows, strict=True):
+            self._guarded(gen, functools.partial(gen.take_logits, logits))
 
     def _admit(self, *, block: bool) -> None:
         """Start at most one queued request per turn, so running ones keep streaming."""

@@ -58,7 +58,16 @@ class Generation:
         """Feed the pending token and sample the next."""
         if self.handle.is_cancelled:
             return self.finish(FinishReason.ABORT)
-        logits = self.runner.decode(self.seq, self._pending)
+        self.take_logits(self.runner.decode(self.seq, self._pending))
+
+    @property
+    def pending_token(self) -> int | None:
+        """The sampled token the next step feeds (None when the generation does not go on, or is
+        cancelled: its ``step`` finishes it). The engine feeds several in one ``decode_batch``."""
+        return None if self.handle.is_cancelled else self._pending
+
+    def take_logits(self, logits) -> None:
+        """The pending token was fed (alone or in a batch): sample the next from its ``logits``."""
         self._pending = None
         self._accept(self.sampler.sample(logits))
 

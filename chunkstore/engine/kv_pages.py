@@ -57,6 +57,39 @@ def forward(model: Any, input_ids: torch.Tensor, kv: Any, *, start_position: int
     return out.logits[0].float()
 
 
+def forward_batch_step(model: Any, token_ids: list[int], kvs: list[Any]) -> torch.Tensor:
+    """One decode step of several sequences in one forward: token ``token_ids[i]`` goes at the end
+    of ``kvs[i]`` (each a DynamicCache of its own length, which gains that token's K/V). Returns
+    float32 logits ``(len(kvs), vocab)``. The caches are left-padded into one batch whose padding
+    the attention mask hides, so each row equals its own single-sequence step up to float
+    rounding; the model's weights are read once for the whole batch (a decode step is bound by
+    those reads, not by compute). Raises ValueError for an empty batch or mismatched lengths."""
+    if not kvs or len(kvs) != len(token_ids):
+        raise ValueError(f"{len(token_ids)} tokens for {len(kvs)} sequences")
+    lengths = [kv.get_seq_length() for kv in kvs]
+    longest, batch = max(lengths), len(kvs)
+    device = layer_kv(kvs[0])[0][0].device
+    padded = new_kv_cache()
+    for layer, per_seq in enumerate(zip(*(layer_kv(kv) for kv in kvs), strict=True)):
+        keys0 = per_seq[0][0]
+        shape = (batch, keys0.shape[1], longest, keys0.shape[3])
+        keys, values = keys0.new_zeros(shape), keys0.new_zeros(shape)
+        for row, ((k, v), n) in enumerate(zip(per_seq, lengths, strict=True)):
+            keys[row, :, longest - n:] = k[0]
+            values[row, :, longest - n:] = v[0]
+        padded.update(keys, values, layer)
+    mask = torch.zeros(batch, longest + 1, dtype=torch.long, device=device)
+    for row, n in enumerate(lengths):
+        mask[row, longest - n:] = 1
+    out = model(input_ids=torch.tensor(token_ids, device=device).unsqueeze(1), attention_mask=mask,
+                position_ids=torch.tensor(lengths, device=device).unsqueeze(1), use_cache=True, logits_to_keep=1,
+                **{_cache_kwarg(model): padded})
+    for layer, (keys, values) in enumerate(layer_kv(padded)):
+        for row, kv in enumerate(kvs):
+            kv.update(keys[row:row + 1, :, -1:], values[row:row + 1, :, -1:], layer)
+    return out.logits[:, -1].float()
+
+
 def load_pages(buffer: torch.Tensor, slots: torch.Tensor, kv: Any) -> None:
     """Fill the empty ``kv`` with the pages in ``slots`` of the pool ``buffer``, in order (one
     copy: a gather across pages, then a permute to heads-first). Raises ValueError when ``kv``

@@ -20,7 +20,7 @@ import torch
 
 from chunkstore.cache.pools import PoolExhaustedError
 from chunkstore.cache.tiered import PrefixHit, TieredCache
-from chunkstore.engine.kv_pages import forward, load_pages, new_kv_cache, store_pages
+from chunkstore.engine.kv_pages import forward, forward_batch_step, load_pages, new_kv_cache, store_pages
 from chunkstore.engine.loader import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,21 @@ class ModelRunner:
         seq.logits = forward(self.model, self._ids([token_id]), seq.kv, start_position=seq.num_tokens)[-1]
         seq.token_ids.append(token_id)
         return seq.logits
+
+    @torch.inference_mode()
+    def decode_batch(self, seqs: list[Sequence], token_ids: list[int]) -> list[torch.Tensor]:
+        """``decode`` of several sequences in one forward (their KV left-padded into one batch);
+        equal to one ``decode`` each up to float rounding. Raises ValueError for a finished
+        sequence or mismatched lengths; when the model raises, no sequence has changed."""
+        if any(not seq.is_open for seq in seqs):
+            raise ValueError("decode on a finished sequence")
+        if len(seqs) == 1:
+            return [self.decode(seqs[0], token_ids[0])]
+        logits = forward_batch_step(self.model, token_ids, [seq.kv for seq in seqs])
+        for seq, token_id, row in zip(seqs, token_ids, logits, strict=True):
+            seq.logits = row
+            seq.token_ids.append(token_id)
+        return list(logits)
 
     @torch.inference_mode()
     def finish(self, seq: Sequence) -> int:

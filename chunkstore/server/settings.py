@@ -89,7 +89,7 @@ class ServerSettings(BaseSettings):
     device: str | None = Field(None, description="torch device of the model and the device pool (default: "
                                                  "CUDA when present, else the CPU)")
     max_queue_size: int = Field(64, ge=1, description="requests waiting for the engine; more are refused (429)")
-    max_running_requests: int = Field(4, ge=1, description="requests decoded round-robin at once")
+    max_running_requests: int = Field(4, ge=1, description="requests decoded at once, in one batched forward per token")
     api_key: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="API keys, KEY or NAME=KEY; the environment variable takes several, separated by commas")
     max_body_bytes: int = Field(8 * 2**20, ge=1, description="largest request body (bytes, or a size such as 8MiB)")

@@ -170,6 +170,28 @@ def test_thread_survives_a_failing_request(engine):
     assert stats.device.locked_pages == 0 and stats.device.used_pages == stats.device.cached_pages
 
 
+def test_running_requests_decode_in_one_batch_and_a_failed_batch_falls_back(tiny, tmp_path):
+    with Engine(tiny, cache_config(tmp_path), EngineConfig(max_running_requests=3)) as engine:
+        real, sizes = engine.runner.decode_batch, []
+
+        def counting(seqs, token_ids):
+            sizes.append(len(seqs))
+            if len(sizes) == 2:
+                raise RuntimeError("injected batch failure")  # raised before any sequence changed
+            return real(seqs, token_ids)
+
+        engine.runner.decode_batch = counting
+        first = engine.submit(Request(prompt="a " + STORY, params=LONG))
+        next(iter(first))  # running: the next two join it
+        others = [engine.submit(Request(prompt=f"{i} " + STORY, params=SamplingParams(max_tokens=20, ignore_eos=True)))
+                  for i in range(2)]
+        results = [h.result(60) for h in others]
+        first.cancel()
+        assert all(r.completion_tokens == 20 for r in results)  # the failed batch was decoded one by one
+        assert max(sizes) == 3 and len(sizes) > 2  # batches went on after the failure
+        assert first.result(60).finish_reason is FinishReason.ABORT
+
+
 def test_close_ends_running_and_fails_queued_requests(tiny, tmp_path):
     engine = Engine(tiny, cache_config(tmp_path), EngineConfig(max_running_requests=1))
     running = engine.submit(Request(prompt=STORY, params=LONG))

@@ -161,3 +161,28 @@ def test_wrong_kv_is_caught(tiny, tmp_path):
         runner.finish(seq)
         print(f"one wrong page: max rel diff {diff:.3g}")
         assert diff > 100 * FP32_TOL, diff
+
+
+def test_batched_decode_equals_one_decode_each(tiny, tmp_path):
+    """Sequences of different lengths (one from a cache hit) fed in one forward: each row equals
+    its own single decode within the fp32 tolerance, over several steps, and the sequences stay
+    consistent (their KV and token ids grow by one each step)."""
+    with TieredCache(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
+        runner = ModelRunner(tiny, cache)
+        prompts = [random_ids(n, seed=n) for n in (5, 37, 120)]
+        warm = runner.prefill(prompts[2], NS)
+        runner.finish(warm)  # the third prompt's pages are now cached: its batch row starts from a hit
+        batched = [runner.prefill(p, NS) for p in prompts]
+        single = [runner.prefill(p, NS) for p in prompts]
+        assert batched[2].cached_tokens > 0
+        try:
+            for step in range(3):
+                tokens = [7 + step, 65 + step, 200 + step]
+                rows = runner.decode_batch(batched, tokens)
+                for seq, ref_seq, token, row in zip(single, batched, tokens, rows, strict=True):
+                    ref = runner.decode(seq, token)
+                    assert max_rel_diff(row, ref) <= FP32_TOL and torch.equal(row.argmax(), ref.argmax())
+                    assert ref_seq.num_tokens == seq.num_tokens == ref_seq.kv.get_seq_length()
+        finally:
+            for seq in batched + single:
+                runner.abort(seq)
