@@ -13,13 +13,12 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from chunkstore.index import ChunkIndex, ChunkRow, Victim
+from chunkstore.index import ChunkIndex, ChunkRow
 from chunkstore.store import ChunkStore
 
 from api.backend.base import BackendError
 
 _LEAF_BATCH = 256
-_DROP_BATCH = 256
 
 
 class ChunkNotFoundError(BackendError):
@@ -130,19 +129,16 @@ def _plan_lru(index: ChunkIndex, selection: DiskSelection, max_chunks: int) -> D
 
 
 def evict(store: ChunkStore, selection: DiskSelection, *, max_chunks: int, dry_run: bool) -> DiskPlan:
-    """Plan, and unless ``dry_run`` drop the plan's chunks (row, then file; counted as evictions),
-    all under the store's writer lock. Raises as ``plan`` and PermissionError for a read-only store."""
+    """Plan, and unless ``dry_run`` delete the plan's chunks (``ChunkStore.delete``: row, then file;
+    counted as evictions), all under the store's writer lock. Raises as ``plan`` and PermissionError
+    for a read-only store."""
     if dry_run:
         store.flush()  # buffered access times decide the order (no-op on a read-only store)
         return plan(store.index, selection, max_chunks)
     if store.read_only:
         raise PermissionError("store opened read-only")
-    with store.index.write_lock:
+    with store.index.write_lock:  # re-entrant: delete takes it again, so nothing runs between plan and drop
         store.flush()
         result = plan(store.index, selection, max_chunks)
-        victims = [Victim(v.key, v.namespace, v.stored_bytes, v.raw_bytes, v.last_access_at) for v in result.victims]
-        for i in range(0, len(victims), _DROP_BATCH):
-            # The store's own drop step (row first, then the file; counts the eviction). ChunkStore
-            # has no public delete-by-key yet; maintenance.py reaches its internals the same way.
-            store._drop(victims[i:i + _DROP_BATCH])
+        store.delete([v.key for v in result.victims])  # row, then file; counted as evictions
     return result

@@ -13,18 +13,18 @@ import threading
 
 from sqlalchemy import delete, func, insert, select
 
-from chunkstore.schema import STATS_HISTORY_FIGURES, stats_history
+from chunkstore.schema import STATS_HISTORY_FIGURES, STATS_HISTORY_SERVING, stats_history
 from chunkstore.store import ChunkStore
 
 from api.backend.base import AdminBackend, BackendError, BackendSnapshot
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("sampled_at", "uptime_s", *STATS_HISTORY_FIGURES)
+COLUMNS = ("sampled_at", "uptime_s", *STATS_HISTORY_FIGURES, *STATS_HISTORY_SERVING)
 
 
 def sample_of(snap: BackendSnapshot) -> dict[str, float | int | None]:
-    """One history row from a snapshot (memory and lookup figures None offline)."""
+    """One history row from a snapshot (memory and lookup figures None offline, serving ones without an engine)."""
     row: dict[str, float | int | None] = dict.fromkeys(COLUMNS)
     row.update(sampled_at=snap.taken_at, uptime_s=snap.uptime_s)
     c, s = snap.cache, snap.store
@@ -37,6 +37,10 @@ def sample_of(snap: BackendSnapshot) -> dict[str, float | int | None]:
             row[f"hit_tokens_{tier}"] = n
         for path, p in c.paths.items():
             row[f"bytes_{path}"] = p.num_bytes
+    if snap.serving is not None:
+        v = snap.serving
+        row.update(requests_total=v.requests_total, completion_tokens_total=v.completion_tokens_total,
+                   ttft_sum_s=v.ttft_sum_s, ttft_count=v.ttft_count)
     if s is not None:
         row.update(disk_stored_bytes=s.stored_bytes, disk_raw_bytes=s.raw_bytes, disk_capacity_bytes=s.capacity_bytes,
                    disk_chunks=s.num_chunks, disk_evictions=s.evictions, disk_hits=s.hits, disk_misses=s.misses)

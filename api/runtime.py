@@ -12,10 +12,11 @@ import logging
 import threading
 from pathlib import Path
 
-from api.backend.base import AdminBackend
+from api.backend.base import AdminBackend, BackendError
 from api.history import HistorySampler, HistoryTable
 from api.jobs import JobRunner
 from api.metrics import AdminMetrics
+from api.overrides import SettingsFile, shadowed
 from api.security import AdminToken, TokenSource, allowed_host_names, is_loopback, resolve_tokens
 from api.settings import AdminSettings
 
@@ -34,6 +35,9 @@ class AdminRuntime:
         self.jobs = JobRunner(backend, self.history, keep=settings.job_history)
         self.metrics = AdminMetrics(backend)
         self.closing = threading.Event()
+        self.settings_file = SettingsFile(backend.data_dir)
+        self.explicit_settings = backend.explicit_settings()
+        self.apply_persisted()
         if self.token.source is TokenSource.GENERATED:
             log.warning("generated an admin token into %s (mode 0600)", self.token.path)
         elif self.token.path is not None:
@@ -42,6 +46,30 @@ class AdminRuntime:
     @property
     def token_path(self) -> Path | None:
         return self.token.path
+
+    def apply_persisted(self) -> dict:
+        """Apply the settings a PATCH /config kept in the data folder, except those the flags or
+        the environment set explicitly; a setting that cannot be applied is logged and skipped.
+        Returns what was applied."""
+        from api.schemas.config import ConfigPatch  # the one validation of live settings
+
+        saved = self.settings_file.read()
+        applied = {}
+        skip = set(shadowed(saved, self.explicit_settings))
+        for name, value in sorted(saved.items()):
+            try:
+                changes = ConfigPatch.model_validate({name: value}).changes()
+                if name in skip:
+                    log.info("persisted setting %s=%r: the flag or environment variable given wins", name, value)
+                    continue
+                self.backend.reconfigure(changes)
+            except (ValueError, BackendError) as exc:
+                log.warning("persisted setting %s=%r not applied: %s", name, value, exc)
+                continue
+            applied.update(changes)
+        if applied:
+            log.info("applied persisted settings from %s: %s", self.settings_file.path, applied)
+        return applied
 
     def start(self) -> None:
         self.closing.clear()

@@ -325,6 +325,17 @@ class ChunkIndex:
         with self.engine.connect() as conn:
             return list(conn.execute(select(chunks.c.key).where(chunks.c.parent_key == key)).scalars())
 
+    def children_of(self, keys: Sequence[bytes]) -> dict[bytes, list[bytes]]:
+        """The stored chunks that extend each of ``keys`` by one page (only keys that have some)."""
+        out: dict[bytes, list[bytes]] = {}
+        with self.engine.connect() as conn:
+            for batch in _batches(list(keys)):
+                stmt = select(chunks.c.parent_key, chunks.c.key).where(
+                    chunks.c.parent_key.in_(bindparam("keys", expanding=True)))
+                for parent, child in conn.execute(stmt, {"keys": list(batch)}):
+                    out.setdefault(parent, []).append(child)
+        return out
+
     def subtree(self, key: bytes, limit: int) -> list[tuple[ChunkRow, int]]:
         """``key``'s row and the rows of every stored chunk that extends it, with their depth below
         it (0 for ``key``), deepest first; at most ``limit`` rows (the deepest). Empty when ``key``

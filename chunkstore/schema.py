@@ -67,11 +67,15 @@ STATS_HISTORY_FIGURES = (
     "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
 )
 
+# The engine's serving counters (migration 0003), None without an engine.
+STATS_HISTORY_SERVING = ("requests_total", "completion_tokens_total", "ttft_sum_s", "ttft_count")
+
 stats_history = Table(
     "stats_history", metadata,
     Column("id", Integer, primary_key=True),
     Column("sampled_at", Float, nullable=False),
     Column("uptime_s", Float, nullable=False),
     *(Column(name, Integer, nullable=True) for name in STATS_HISTORY_FIGURES),
+    *(Column(name, Float if name.endswith("_s") else Integer, nullable=True) for name in STATS_HISTORY_SERVING),
     Index("ix_stats_history_sampled_at", "sampled_at"),
 )

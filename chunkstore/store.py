@@ -605,6 +605,31 @@ class ChunkStore:
             keys.extend(v.key for v in batch)
         return EvictResult(len(keys), freed, tuple(keys))
 
+    def delete(self, keys: Sequence[bytes]) -> EvictResult:
+        """Delete the stored chunks ``keys`` (row, then file; counted as evictions), under the writer
+        lock; keys not stored are ignored. A set that would leave a hole is refused as a whole: a
+        pinned chunk, or a stored chunk outside ``keys`` that extends one of them (it would become
+        unreachable; give its subtree), raise ValueError and delete nothing. Raises
+        PermissionError for a read-only store. Returns what was deleted (its keys in the order given)."""
+        if self.read_only:
+            raise PermissionError("store opened read-only")
+        wanted = list(dict.fromkeys(keys))
+        with self.index.write_lock:
+            rows = self.index.rows(wanted)
+            pinned = [k for k, r in rows.items() if r.pinned]
+            if pinned:
+                raise ValueError(f"{len(pinned)} of the chunks are pinned (e.g. {pinned[0].hex()}): unpin them first")
+            for parent, children in self.index.children_of(list(rows)).items():
+                outside = [c for c in children if c not in rows]
+                if outside:
+                    raise ValueError(f"chunk {parent.hex()} has stored descendants that are not being deleted "
+                                     f"(e.g. {outside[0].hex()}); they would be left unreachable")
+            victims = [Victim(k, rows[k].namespace, rows[k].stored_bytes, rows[k].raw_bytes, rows[k].last_access_at)
+                       for k in wanted if k in rows]
+            for i in range(0, len(victims), _EVICT_BATCH):
+                self._drop(victims[i:i + _EVICT_BATCH])
+        return EvictResult(len(victims), sum(v.stored_bytes for v in victims), tuple(v.key for v in victims))
+
     def _drop(self, victims: Sequence[Victim]) -> None:
         self.index.delete([v.key for v in victims])  # row first, then the file
         for v in victims:

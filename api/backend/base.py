@@ -1,10 +1,9 @@
 """AdminBackend: the management API's one door to what it manages (a live cache, or a store on disk).
 
 Invariants: the API reaches the cache and the chunk store only through a backend, and the backend
-only through their public methods (plus the store's own eviction step, see api/disk_eviction.py);
-every store access goes through ``using_store``, which raises instead of yielding while there is
-no store (NoDiskTierError), it is being replaced (StoreUnavailableError), or a write is asked of a
-read-only store (ReadOnlyError). A backend never closes what it was given.
+only through their public methods; every store access goes through ``using_store``, which raises
+instead of yielding while there is no store (NoDiskTierError), it is being replaced
+(StoreUnavailableError), or a write is asked of a read-only store (ReadOnlyError). A backend never closes what it was given.
 """
 
 from __future__ import annotations
@@ -15,15 +14,20 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.cache.stats import CacheStats
+from chunkstore.cache.admin import MemoryEviction, MemorySelection, ResidentPage
+from chunkstore.cache.stats import CacheStats, NamespaceLookups
 from chunkstore.choices import Choice
 from chunkstore.identity import ModelIdentity
 from chunkstore.maintenance import Progress, RebuildReport
 from chunkstore.store import ChunkStore, StoreStats
 
+if TYPE_CHECKING:  # the engine package is heavy (torch, transformers) and above the API's imports
+    from chunkstore.engine.serving_stats import ServingSnapshot
+
 Decode = Callable[[Sequence[int]], str]  # token ids -> text (a tokenizer's decode)
+ServingSource = Callable[[], "ServingSnapshot"]  # the engine's ServingStats.snapshot
 
 
 class BackendKind(Choice):
@@ -60,13 +64,15 @@ class UnsupportedError(BackendError):
 
 @dataclass(frozen=True, slots=True)
 class BackendSnapshot:
-    """The figures of one moment: the cache's (None offline) and the store's (None without a disk tier)."""
+    """The figures of one moment: the cache's (None offline), the store's (None without a disk tier)
+    and the engine's serving figures (None without an engine: offline, or a cache alone)."""
 
     taken_at: float  # epoch seconds
     uptime_s: float
     cache: CacheStats | None
     store: StoreStats | None
     store_read_only: bool = False
+    serving: ServingSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,11 @@ class AdminBackend(ABC):
     def settings(self) -> dict[str, Any]:
         """The effective settings of the cache (CacheConfig fields), or {} offline."""
 
+    def explicit_settings(self) -> set[str]:
+        """The settings the flags or the environment gave explicitly at start (they win over
+        persisted overrides); none offline."""
+        return set()
+
     @abstractmethod
     def reconfigure(self, changes: dict[str, Any]) -> None:
         """Apply live-safe setting changes. Raises ValueError (bad value, not live) or UnsupportedError."""
@@ -130,6 +141,13 @@ class AdminBackend(ABC):
     def resident_keys(self, tier: str, namespace: str | None = None) -> set[bytes]:
         raise self._no_memory(tier)
 
+    def resident_pages(self, tier: str, namespace: str | None = None) -> list[ResidentPage]:
+        raise self._no_memory(tier)
+
+    def lookups_by_namespace(self) -> dict[str, NamespaceLookups]:
+        """Per namespace, the cache's lookups and hit tokens since it started; {} offline."""
+        return {}
+
     def residency_by_namespace(self) -> dict[str, tuple[int, int]]:
         """Per namespace, (device pages, host pages) held in memory; {} offline."""
         return {}
@@ -141,6 +159,10 @@ class AdminBackend(ABC):
         raise self._no_memory(tier)
 
     def evict_memory(self, tier: str, num_pages: int) -> int:
+        raise self._no_memory(tier)
+
+    def evict_memory_selected(self, tier: str, selection: MemorySelection, dry_run: bool) -> MemoryEviction:
+        """``TieredCache.evict_selected``: by key (and descendants), namespace or age."""
         raise self._no_memory(tier)
 
     def clear_memory(self, tier: str) -> int:

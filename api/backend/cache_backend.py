@@ -13,26 +13,33 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from chunkstore.cache.admin import MemoryEviction, MemorySelection, ResidentPage
+from chunkstore.cache.stats import NamespaceLookups
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.maintenance import Progress, RebuildReport
 from chunkstore.store import ChunkStore
 
 from api.backend.base import (
     AdminBackend, BackendError, BackendKind, BackendSnapshot, Decode, FlushOutcome, NoDiskTierError, ReadOnlyError,
-    StoreUnavailableError,
+    ServingSource, StoreUnavailableError,
 )
 
 
 class CacheBackend(AdminBackend):
-    """The running ``cache``; ``decode`` (a tokenizer's decode) lets chunk details show their text."""
+    """The running ``cache``; ``decode`` (a tokenizer's decode) lets chunk details show their text;
+    ``serving`` (the engine's ``ServingStats.snapshot``, a callable so that this package never
+    imports the engine) adds the requests, tokens and latencies served to the stats."""
 
     kind = BackendKind.CACHE
     memory_tiers = ("device", "host")
 
-    def __init__(self, cache: TieredCache, *, decode: Decode | None = None) -> None:
+    def __init__(self, cache: TieredCache, *, decode: Decode | None = None,
+                 serving: ServingSource | None = None) -> None:
         self.cache = cache
         self.identity = cache.identity
         self.decode = decode
+        self.serving = serving
+        self._explicit = set(cache.config.model_fields_set)  # before any reconfigure replaces the config
 
     @property
     def data_dir(self) -> Path | None:
@@ -55,13 +62,17 @@ class CacheBackend(AdminBackend):
         stats = self.cache.stats()
         store = self.cache.store
         return BackendSnapshot(time.time(), stats.uptime_s, stats, store.stats() if store is not None else None,
-                               store.read_only if store is not None else False)
+                               store.read_only if store is not None else False,
+                               self.serving() if self.serving is not None else None)
 
     def is_ready(self) -> bool:
         return not self.cache.is_closed
 
     def settings(self) -> dict[str, Any]:
         return self.cache.config.model_dump(mode="json")
+
+    def explicit_settings(self) -> set[str]:
+        return set(self._explicit)
 
     def reconfigure(self, changes: dict[str, Any]) -> None:
         self.cache.reconfigure(**changes)
@@ -81,12 +92,20 @@ class CacheBackend(AdminBackend):
     @staticmethod
     def _no_rebuild() -> BackendError:
         return BackendError("rebuilding the index needs the store offline: stop the server, then run "
-                            "`chunkstore rebuild` (or `chunkstore admin` and POST /api/v1/jobs/rebuild)")
+                            "`chunkstore rebuild` (or `chunkstore admin` and POST /api/v1/jobs/rebuild); on a "
+                            "live cache, POST /api/v1/jobs/verify with {\"repair\": true} re-indexes chunk files "
+                            "that lost their rows and drops rows whose files are gone")
 
     # -- memory tiers ----------------------------------------------------------------------------
 
     def resident_keys(self, tier: str, namespace: str | None = None) -> set[bytes]:
         return self.cache.resident_keys(tier, namespace)
+
+    def resident_pages(self, tier: str, namespace: str | None = None) -> list[ResidentPage]:
+        return self.cache.resident_pages(tier, namespace)
+
+    def lookups_by_namespace(self) -> dict[str, NamespaceLookups]:
+        return self.cache.lookups_by_namespace()
 
     def residency_by_namespace(self) -> dict[str, tuple[int, int]]:
         return {ns: (r.device_pages, r.host_pages) for ns, r in self.cache.residency_by_namespace().items()}
@@ -103,6 +122,9 @@ class CacheBackend(AdminBackend):
 
     def evict_memory(self, tier: str, num_pages: int) -> int:
         return self.cache.evict(tier, num_pages)
+
+    def evict_memory_selected(self, tier: str, selection: MemorySelection, dry_run: bool) -> MemoryEviction:
+        return self.cache.evict_selected(tier, selection, dry_run=dry_run)
 
     def clear_memory(self, tier: str) -> int:
         return self.cache.clear(tier)

@@ -1,7 +1,9 @@
 """GET /chunks (paged, filtered, sorted), GET /chunks/{key}, POST /chunks/{key}/pin and /unpin.
 
-Chunks are the disk tier's (rows of the index); ``tiers`` adds the memory tiers that also hold
-them. Paging is by cursor (the sort value and key of the last row), so every page costs the same.
+Chunks are the disk tier's (rows of the index), or with ``tier=device|host`` the pages that memory
+tier holds (its index row where stored, else what the tree knows); ``tiers`` says every tier
+holding each. Paging is by cursor (the sort value and key of the last row): on disk every page
+costs the same; a memory listing is built from the tier's pages (bounded by the pool) each time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chunkstore.index import ChunkOrder, ChunkQuery, ChunkRow
 
-from api.backend.base import AdminBackend
+from api.backend.base import AdminBackend, NoDiskTierError
 from api.deps import BackendDep, ReaderDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
 from api.errors import ERROR_RESPONSES, AdminError
 from api.schemas.chunks import ChunkDetail, ChunkFilePublic, ChunkPublic, ChunksPage
@@ -34,7 +36,8 @@ class ChunkFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     namespace: str | None = Field(None, pattern=NAMESPACE_PATTERN, max_length=256)
-    tier: TierName | None = Field(None, description="device or host: only chunks that tier also holds")
+    tier: TierName | None = Field(None, description="disk (the default): chunks on disk; device or host: the "
+                                                     "pages that tier holds, on disk or not")
     pinned: bool | None = None
     min_size: int | None = Field(None, ge=0, le=2**62, description="stored bytes, at least")
     max_size: int | None = Field(None, ge=0, le=2**62, description="stored bytes, at most")
@@ -50,10 +53,16 @@ def _memory_keys(backend: AdminBackend, namespace: str | None) -> dict[str, set[
     return {tier: backend.resident_keys(tier, namespace) for tier in backend.memory_tiers}
 
 
-def _encode_cursor(f: ChunkFilter, row: ChunkRow) -> str:
-    value = {ChunkOrder.LAST_ACCESS: row.last_access_at, ChunkOrder.HITS: row.hit_count,
-             ChunkOrder.SIZE: row.stored_bytes, ChunkOrder.CREATED: row.created_at}[f.sort]
-    raw = json.dumps([f.sort.value, f.order, value, row.key.hex()]).encode()
+def _sort_value(sort: ChunkOrder, row: ChunkRow | None) -> float:
+    """The row's value for ``sort``; 0 for a page held only in memory (it sorts as the least)."""
+    if row is None:
+        return 0
+    return {ChunkOrder.LAST_ACCESS: row.last_access_at, ChunkOrder.HITS: row.hit_count,
+            ChunkOrder.SIZE: row.stored_bytes, ChunkOrder.CREATED: row.created_at}[sort]
+
+
+def _encode_cursor(f: ChunkFilter, value: float, key: bytes) -> str:
+    raw = json.dumps([f.sort.value, f.order, value, key.hex()]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -72,16 +81,16 @@ def _decode_cursor(f: ChunkFilter) -> tuple[float, bytes] | None:
 
 @router.get("", response_model=ChunksPage)
 def list_chunks(f: Annotated[ChunkFilter, Query()], caller: ReaderDep, backend: BackendDep) -> ChunksPage:
-    """Chunks on disk matching every filter given, sorted, a page at a time."""
+    """Chunks on disk (or, ``tier`` device or host, pages in memory) matching every filter given,
+    sorted, a page at a time."""
     namespace = scoped_namespace(caller, f.namespace)
     after = _decode_cursor(f)
     memory = _memory_keys(backend, namespace)
-    keys = None
     if f.tier in ("device", "host"):
-        keys = frozenset(backend.resident_keys(f.tier, namespace))
+        return _list_memory(f, namespace, after, memory, backend)
     query = ChunkQuery(namespace=namespace, pinned=f.pinned, min_stored_bytes=f.min_size,
                        max_stored_bytes=f.max_size, accessed_before=f.accessed_before,
-                       accessed_after=f.accessed_after, keys=keys)
+                       accessed_after=f.accessed_after)
     with backend.using_store() as store:
         rows = store.index.list_chunks(query, order=f.sort, descending=f.order == "desc", limit=f.limit + 1,
                                        after=after)
@@ -89,7 +98,45 @@ def list_chunks(f: Annotated[ChunkFilter, Query()], caller: ReaderDep, backend: 
     more = len(rows) > f.limit
     rows = rows[:f.limit]
     return ChunksPage(items=[ChunkPublic.of(r, memory) for r in rows], total=total, sort=f.sort, order=f.order,
-                      next_cursor=_encode_cursor(f, rows[-1]) if more else None)
+                      next_cursor=_encode_cursor(f, _sort_value(f.sort, rows[-1]), rows[-1].key) if more else None)
+
+
+def _matches(row: ChunkRow, f: ChunkFilter) -> bool:
+    return ((f.pinned is None or bool(row.pinned) == f.pinned)
+            and (f.min_size is None or row.stored_bytes >= f.min_size)
+            and (f.max_size is None or row.stored_bytes <= f.max_size)
+            and (f.accessed_before is None or row.last_access_at < f.accessed_before)
+            and (f.accessed_after is None or row.last_access_at >= f.accessed_after))
+
+
+def _list_memory(f: ChunkFilter, namespace: str | None, after: tuple[float, bytes] | None,
+                 memory: dict[str, set[bytes]], backend: AdminBackend) -> ChunksPage:
+    """The pages ``f.tier`` holds, with their index rows where stored. A page held only in memory
+    has no disk figures: the size, access and ``pinned: true`` filters leave it out."""
+    pages = backend.resident_pages(f.tier, namespace)
+    try:
+        with backend.using_store() as store:
+            rows = store.index.rows([p.key for p in pages])
+    except NoDiskTierError:
+        rows = {}
+    needs_row = f.pinned or any(v is not None for v in (f.min_size, f.max_size, f.accessed_before, f.accessed_after))
+    page_bytes = backend.identity.page_size_bytes
+    found: list[tuple[float, bytes, ChunkPublic]] = []
+    for page in pages:
+        row = rows.get(page.key)
+        if row is None and not needs_row:
+            found.append((0, page.key, ChunkPublic.of_memory(page, page_bytes, memory)))
+        elif row is not None and _matches(row, f):
+            found.append((_sort_value(f.sort, row), page.key, ChunkPublic.of(row, memory)))
+    descending = f.order == "desc"
+    found.sort(key=lambda x: (x[0], x[1]), reverse=descending)
+    total = len(found)
+    if after is not None:
+        found = [x for x in found if ((x[0], x[1]) < after if descending else (x[0], x[1]) > after)]
+    more = len(found) > f.limit
+    found = found[:f.limit]
+    return ChunksPage(items=[item for _, _, item in found], total=total, sort=f.sort, order=f.order,
+                      next_cursor=_encode_cursor(f, found[-1][0], found[-1][1]) if more else None)
 
 
 def _row(store, key: bytes) -> ChunkRow:

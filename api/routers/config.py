@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import ValidationError
 
 from chunkstore.cache.admin import LIVE_SETTINGS
@@ -10,10 +13,14 @@ from chunkstore.cache.admin import LIVE_SETTINGS
 from api.backend.base import BackendError
 from api.deps import AdminDep, GlobalReaderDep, RuntimeDep, audit, require_reader
 from api.errors import ERROR_RESPONSES, AdminError, validation_message
+from api.overrides import shadowed
 from api.runtime import AdminRuntime
 from api.schemas.config import (
-    AdminSettingsPublic, CacheSettingsPublic, ConfigPatch, ConfigPublic, IdentityPublic, StoreSettingsPublic,
+    AdminSettingsPublic, CacheSettingsPublic, ConfigPatch, ConfigPublic, IdentityPublic, PersistedSettingsPublic,
+    StoreSettingsPublic,
 )
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/config", tags=["config"], dependencies=[Depends(require_reader)],
                    responses=ERROR_RESPONSES)
@@ -28,6 +35,10 @@ def _config(runtime: AdminRuntime) -> ConfigPublic:
                                                codec=store.codec.value, read_only=store.read_only)
     except BackendError:
         store_public = None
+    saved = runtime.settings_file.read()
+    persisted = PersistedSettingsPublic(
+        file=str(runtime.settings_file.path) if runtime.settings_file.path else None, settings=saved,
+        shadowed=shadowed(saved, runtime.explicit_settings), is_writable=_is_writable(runtime))
     admin = AdminSettingsPublic(
         host=s.host, port=s.port, allowed_hosts=sorted(runtime.allowed_hosts),
         reads_need_token=runtime.reads_need_token,
@@ -37,7 +48,17 @@ def _config(runtime: AdminRuntime) -> ConfigPublic:
         events_interval_s=s.events_interval_s, events_max_s=s.events_max_s)
     return ConfigPublic(backend=backend.kind.value, identity=IdentityPublic.of(backend.identity),
                         cache=CacheSettingsPublic(**cache) if cache else None, store=store_public, admin=admin,
-                        live_settings=list(LIVE_SETTINGS) if cache else ["disk_size"])
+                        live_settings=list(LIVE_SETTINGS) if cache else ["disk_size"], persisted=persisted)
+
+
+def _is_writable(runtime: AdminRuntime) -> bool:
+    if runtime.settings_file.path is None:
+        return False
+    try:
+        with runtime.backend.using_store(write=True):
+            return True
+    except BackendError:
+        return False
 
 
 @router.get("", response_model=ConfigPublic)
@@ -46,9 +67,17 @@ def get_config(caller: GlobalReaderDep, runtime: RuntimeDep) -> ConfigPublic:
 
 
 @router.patch("", response_model=ConfigPublic)
-def patch_config(body: ConfigPatch, request: Request, caller: AdminDep, runtime: RuntimeDep) -> ConfigPublic:
-    """Change live-safe settings now (this process only). Admin token only."""
+def patch_config(
+    body: ConfigPatch, request: Request, caller: AdminDep, runtime: RuntimeDep,
+    persist: Annotated[bool, Query(description="also keep the changes for the next start (in the data folder)")]
+    = True,
+) -> ConfigPublic:
+    """Change live-safe settings now and, unless ``persist=false``, keep them for the next start
+    (where settings given by flags or the environment still win). Admin token only."""
     changes = body.changes()
+    if persist and changes and not _is_writable(runtime):
+        raise AdminError.conflict("the settings cannot be kept: no writable data folder (no disk tier, or a "
+                                  "read-only store); send persist=false to change them in this process only")
     try:
         runtime.backend.reconfigure(changes)
     except ValidationError as exc:
@@ -56,5 +85,13 @@ def patch_config(body: ConfigPatch, request: Request, caller: AdminDep, runtime:
         raise AdminError.invalid(message, param) from None
     except ValueError as exc:
         raise AdminError.invalid(str(exc)) from None
-    audit(request, caller, changes, is_destructive=False)
+    audit(request, caller, {**changes, "persist": persist}, is_destructive=False)
+    if persist and changes:
+        kept = {**runtime.settings_file.read(), **body.model_dump(mode="json", include=set(changes))}
+        try:
+            runtime.settings_file.write(kept)
+        except OSError as exc:
+            log.error("PATCH /config: could not keep %s in %s: %s", changes, runtime.settings_file.path, exc)
+            raise AdminError(500, "not_persisted", f"the change applies in this process, but keeping it for the "
+                                                   f"next start failed: {exc.strerror or exc}") from None
     return _config(runtime)

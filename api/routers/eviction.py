@@ -13,6 +13,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request
 
+from chunkstore.cache.admin import DescendantsResidentError, KeyNotResidentError, MemorySelection
+
 from api import disk_eviction
 from api.backend.base import AdminBackend, NoDiskTierError
 from api.deps import AdminDep, BackendDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
@@ -26,7 +28,10 @@ _MAX_KEYS_LISTED = 1000
 
 def _evict_memory(body: EvictRequest, backend: AdminBackend) -> EvictResult:
     page_bytes = backend.identity.page_size_bytes
+    if body.key is not None or body.namespace is not None or body.older_than_s is not None:
+        return _evict_memory_selected(body, backend)
     cached = backend.cached_pages(body.tier)
+    locked = cached - backend.evictable_pages(body.tier)
     if body.bytes_to_free is not None:
         pages = math.ceil(body.bytes_to_free / page_bytes)
     else:
@@ -36,7 +41,37 @@ def _evict_memory(body: EvictRequest, backend: AdminBackend) -> EvictResult:
     else:
         n = backend.evict_memory(body.tier, pages)
     return EvictResult(tier=body.tier, dry_run=body.dry_run, num_chunks=None, num_pages=n, num_bytes=n * page_bytes,
-                       keys=[], is_keys_truncated=False, skipped_pinned=0, is_complete=n >= pages)
+                       keys=[], is_keys_truncated=False, skipped_pinned=0,
+                       skipped_locked=locked, is_complete=n >= pages)
+
+
+def _evict_memory_selected(body: EvictRequest, backend: AdminBackend) -> EvictResult:
+    """By key (and descendants), namespace or age: ``TieredCache.evict_selected``."""
+    page_bytes = backend.identity.page_size_bytes
+    num_pages = None
+    if body.bytes_to_free is not None:
+        num_pages = math.ceil(body.bytes_to_free / page_bytes)
+    elif body.fraction is not None:
+        if body.namespace is not None:
+            device, host = backend.residency_by_namespace().get(body.namespace, (0, 0))
+            cached = device if body.tier == "device" else host
+        else:
+            cached = backend.cached_pages(body.tier)
+        num_pages = math.ceil(body.fraction * cached)
+    try:
+        selection = MemorySelection(key=bytes.fromhex(body.key) if body.key is not None else None,
+                                    descendants=body.descendants, namespace=body.namespace,
+                                    older_than_s=body.older_than_s, num_pages=num_pages)
+        done = backend.evict_memory_selected(body.tier, selection, body.dry_run)
+    except KeyNotResidentError as exc:
+        raise AdminError.not_found(str(exc), "key") from None
+    except DescendantsResidentError as exc:
+        raise AdminError.conflict(str(exc)) from None
+    keys = [k.hex() for k in done.keys[:_MAX_KEYS_LISTED]]
+    return EvictResult(tier=body.tier, dry_run=body.dry_run, num_chunks=None, num_pages=done.num_pages,
+                       num_bytes=done.num_pages * page_bytes, keys=keys, is_keys_truncated=len(done.keys) > len(keys),
+                       skipped_pinned=0, skipped_locked=done.locked_pages,
+                       is_complete=done.kept_pages == 0 or (num_pages is not None and done.num_pages >= num_pages))
 
 
 def _evict_disk(body: EvictRequest, namespace: str | None, caller, backend: AdminBackend) -> EvictResult:

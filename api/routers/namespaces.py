@@ -6,6 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request
 
+from chunkstore.cache.stats import NamespaceLookups
+
 from api.backend.base import AdminBackend, NoDiskTierError
 from api.deps import AdminDep, BackendDep, ReaderDep, audit, require_reader
 from api.errors import ERROR_RESPONSES
@@ -23,15 +25,17 @@ def _namespaces(backend: AdminBackend, only: str | None = None) -> list[Namespac
     except NoDiskTierError:
         disk = {}
     memory = backend.residency_by_namespace()
-    names = {only} if only is not None else set(disk) | set(memory)
+    lookups = backend.lookups_by_namespace()
+    names = {only} if only is not None else set(disk) | set(memory) | set(lookups)
     is_live = bool(backend.memory_tiers)
-    return [NamespacePublic.of(ns, disk.get(ns), memory.get(ns, (0, 0)) if is_live else None)
+    return [NamespacePublic.of(ns, disk.get(ns), memory.get(ns, (0, 0)) if is_live else None,
+                               lookups.get(ns, NamespaceLookups()) if is_live else None)
             for ns in sorted(names)]
 
 
 @router.get("", response_model=NamespaceList)
 def list_namespaces(caller: ReaderDep, backend: BackendDep) -> NamespaceList:
-    """Every namespace with chunks, a quota or pages in memory (a namespace token: its own only)."""
+    """Every namespace with chunks, a quota, pages in memory or lookups (a namespace token: its own only)."""
     return NamespaceList(items=_namespaces(backend, caller.namespace))
 
 

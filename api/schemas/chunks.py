@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from chunkstore.cache.admin import ResidentPage
 from chunkstore.chunkfile import ChunkHeader
 from chunkstore.index import ChunkOrder, ChunkRow
 
@@ -15,12 +16,12 @@ class ChunkPublic(BaseModel):
     namespace: str
     num_tokens: int
     raw_bytes: int
-    stored_bytes: int
-    created_at: float
-    last_access_at: float
-    hit_count: int
+    stored_bytes: int | None = Field(description="on disk; None for a page held only in memory")
+    created_at: float | None = Field(description="when stored on disk; None for a page held only in memory")
+    last_access_at: float | None = Field(description="last disk access; None for a page held only in memory")
+    hit_count: int = Field(description="loads from disk (0 for a page held only in memory)")
     pinned: bool
-    tiers: list[str] = Field(description="the tiers holding it: disk, and device/host for a live cache")
+    tiers: list[str] = Field(description="the tiers holding it: device/host for a live cache, and disk")
 
     @classmethod
     def of(cls, row: ChunkRow, memory: dict[str, set[bytes]]) -> "ChunkPublic":
@@ -29,6 +30,14 @@ class ChunkPublic(BaseModel):
                    num_tokens=row.num_tokens, raw_bytes=row.raw_bytes, stored_bytes=row.stored_bytes,
                    created_at=row.created_at, last_access_at=row.last_access_at, hit_count=row.hit_count,
                    pinned=bool(row.pinned), tiers=tiers)
+
+    @classmethod
+    def of_memory(cls, page: ResidentPage, page_bytes: int, memory: dict[str, set[bytes]]) -> "ChunkPublic":
+        """A page held in memory and not on disk."""
+        return cls(key=page.key.hex(), parent_key=page.parent_key.hex(), namespace=page.namespace,
+                   num_tokens=page.num_tokens, raw_bytes=page_bytes, stored_bytes=None, created_at=None,
+                   last_access_at=None, hit_count=0, pinned=False,
+                   tiers=[t for t, keys in memory.items() if page.key in keys])
 
 
 class ChunksPage(BaseModel):

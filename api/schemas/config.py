@@ -79,6 +79,15 @@ class AdminSettingsPublic(BaseModel):
     events_max_s: float
 
 
+class PersistedSettingsPublic(BaseModel):
+    """What PATCH /config kept for the next start (explicit flags and environment > these > defaults)."""
+
+    file: str | None = Field(description="the settings file in the data folder; None without one")
+    settings: dict[str, Any] = Field(description="the kept settings")
+    shadowed: list[str] = Field(description="kept settings that this process's flags or environment win over")
+    is_writable: bool = Field(description="whether PATCH /config can keep settings here")
+
+
 class ConfigPublic(BaseModel):
     backend: BackendName
     identity: IdentityPublic
@@ -86,14 +95,16 @@ class ConfigPublic(BaseModel):
     store: StoreSettingsPublic | None = Field(description="None without a disk tier")
     admin: AdminSettingsPublic
     live_settings: list[str] = Field(description="what PATCH /config may change on this backend")
+    persisted: PersistedSettingsPublic
 
 
 _FIXED = set(CacheConfig.model_fields) - set(LIVE_SETTINGS)
 
 
 class ConfigPatch(BaseModel):
-    """Settings to change now (in this process only: restarts use the flags and environment again).
-    ``disk_size`` (GB, null: unbounded) applies at the next put, which evicts down to it."""
+    """Settings to change now, and (unless ``?persist=false``) kept for the next start, where the
+    flags and environment still win. ``disk_size`` (GB, null: unbounded) applies at the next put,
+    which evicts down to it."""
 
     model_config = ConfigDict(extra="forbid")
 

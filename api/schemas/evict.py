@@ -11,9 +11,9 @@ from api.schemas.common import BackendName, KeyHex, NamespaceName, TierName
 
 
 class EvictRequest(BaseModel):
-    """Memory tiers: by ``bytes_to_free`` or ``fraction`` of the cached pages. Disk: by ``key`` (with
-    ``descendants``), or least recently used first by any of ``bytes_to_free`` / ``fraction`` of the
-    stored bytes, ``older_than_s`` (last access) and ``namespace``; pinned chunks never go."""
+    """By ``key`` (with ``descendants``), or in the tier's eviction order by any of ``bytes_to_free`` /
+    ``fraction`` (of the cached pages or stored bytes, of ``namespace`` when given), ``older_than_s``
+    (last access) and ``namespace``; pinned chunks (disk) and locked pages (memory) never go."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,14 +33,7 @@ class EvictRequest(BaseModel):
             raise ValueError("give bytes_to_free or fraction, not both")
         if self.descendants and self.key is None:
             raise ValueError("descendants needs a key")
-        if self.tier != "disk":
-            extra = [n for n in ("namespace", "key", "older_than_s") if getattr(self, n) is not None]
-            if extra:
-                raise ValueError(f"{', '.join(extra)}: the {self.tier} tier evicts by bytes_to_free or fraction "
-                                 f"only (selecting by namespace, key or age applies to the disk tier)")
-            if self.bytes_to_free is None and self.fraction is None:
-                raise ValueError(f"the {self.tier} tier needs bytes_to_free or fraction")
-        elif self.key is not None:
+        if self.key is not None:
             if self.bytes_to_free is not None or self.fraction is not None or self.older_than_s is not None:
                 raise ValueError("key selects the chunks itself: leave out bytes_to_free, fraction and older_than_s")
         elif all(getattr(self, n) is None for n in ("bytes_to_free", "fraction", "namespace", "older_than_s")):
@@ -57,6 +50,9 @@ class EvictResult(BaseModel):
     keys: list[str] = Field(description="disk: the evicted keys, the first 1,000")
     is_keys_truncated: bool
     skipped_pinned: int = Field(description="disk by key: pinned chunks (and their ancestors) kept")
+    skipped_locked: int | None = Field(None, description="memory: pages kept because requests or transfers "
+                                                         "lock them (selected ones; by bytes or fraction alone, "
+                                                         "the tier's locked pages)")
     is_complete: bool = Field(description="False when max_chunks cut the eviction short: call again")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chunkstore.cache.stats import NamespaceLookups
 from chunkstore.store import NamespaceStats
 
 
@@ -21,9 +22,14 @@ class NamespacePublic(BaseModel):
     quarantined: int
     device_pages: int | None = Field(None, description="pages held on the device (a live cache)")
     host_pages: int | None = Field(None, description="pages held in host memory (a live cache)")
+    lookups: int | None = Field(None, description="the cache's prefix lookups since it started (a live cache)")
+    lookup_tokens: int | None = Field(None, description="tokens looked up (a live cache)")
+    hit_tokens: int | None = Field(None, description="cached tokens used, from any tier (a live cache)")
+    token_hit_rate: float | None = Field(None, description="hit_tokens / lookup_tokens (a live cache)")
 
     @classmethod
-    def of(cls, namespace: str, disk: NamespaceStats | None, memory: tuple[int, int] | None) -> "NamespacePublic":
+    def of(cls, namespace: str, disk: NamespaceStats | None, memory: tuple[int, int] | None,
+           lookups: NamespaceLookups | None = None) -> "NamespacePublic":
         hits, misses = (disk.hits, disk.misses) if disk else (0, 0)
         return cls(namespace=namespace, num_chunks=disk.num_chunks if disk else 0,
                    raw_bytes=disk.raw_bytes if disk else 0, stored_bytes=disk.stored_bytes if disk else 0,
@@ -31,7 +37,11 @@ class NamespacePublic(BaseModel):
                    hit_rate=hits / (hits + misses) if hits + misses else 0.0,
                    dedup_hits=disk.dedup_hits if disk else 0, evictions=disk.evictions if disk else 0,
                    quarantined=disk.quarantined if disk else 0,
-                   device_pages=memory[0] if memory else None, host_pages=memory[1] if memory else None)
+                   device_pages=memory[0] if memory else None, host_pages=memory[1] if memory else None,
+                   lookups=lookups.lookups if lookups else None,
+                   lookup_tokens=lookups.lookup_tokens if lookups else None,
+                   hit_tokens=lookups.hit_tokens if lookups else None,
+                   token_hit_rate=lookups.hit_rate if lookups else None)
 
 
 class NamespaceList(BaseModel):

@@ -76,6 +76,31 @@ class DiskPublic(BaseModel):
                    read_only=read_only)
 
 
+class ServingPublic(BaseModel):
+    """What the engine served since the process started (counters; rates come from the deltas of two
+    snapshots). Requests count once they complete; tokens and latencies are of finished requests."""
+
+    requests_total: int = Field(description="completed requests: finished (any finish reason) or failed")
+    requests_failed: int = Field(description="completed with an error")
+    requests_active: int = Field(description="accepted and not completed (queued or running)")
+    prompt_tokens_total: int
+    cached_tokens_total: int = Field(description="prompt tokens whose KV came from the cache")
+    completion_tokens_total: int
+    ttft_sum_s: float = Field(description="sum of the times to first token (submit to first token sampled)")
+    ttft_count: int = Field(description="requests that sampled a token (the terms of ttft_sum_s)")
+    latency_sum_s: float = Field(description="sum of the request latencies (submit to finished)")
+    ttft_avg_s: float | None = Field(description="ttft_sum_s / ttft_count; None before the first")
+
+    @classmethod
+    def of(cls, s) -> "ServingPublic":
+        """From the engine's ``ServingSnapshot`` (read by attribute: the API never imports the engine)."""
+        return cls(requests_total=s.requests_total, requests_failed=s.requests_failed,
+                   requests_active=s.requests_active, prompt_tokens_total=s.prompt_tokens_total,
+                   cached_tokens_total=s.cached_tokens_total, completion_tokens_total=s.completion_tokens_total,
+                   ttft_sum_s=s.ttft_sum_s, ttft_count=s.ttft_count, latency_sum_s=s.latency_sum_s,
+                   ttft_avg_s=s.ttft_avg_s)
+
+
 class StatsPublic(BaseModel):
     backend: BackendName
     namespace: str | None = Field(description="set when the figures are one namespace's (a namespace token)")
@@ -88,6 +113,9 @@ class StatsPublic(BaseModel):
     evicted_pages: dict[str, int]
     backups_skipped: int | None
     disk: DiskPublic | None = Field(description="None without a disk tier")
+    serving: ServingPublic | None = Field(None, description="requests, tokens and latencies the engine served; "
+                                                              "None without an engine (`chunkstore admin`) and "
+                                                              "for a namespace")
 
     @classmethod
     def of(cls, snap: BackendSnapshot, backend: BackendName, namespace: str | None = None) -> "StatsPublic":
@@ -116,7 +144,8 @@ class StatsPublic(BaseModel):
         return cls(backend=backend, namespace=None, taken_at=snap.taken_at, uptime_s=snap.uptime_s, tiers=tiers,
                    hits=hits, paths=paths, queue_depths=dict(c.queue_depths) if c else {}, evicted_pages=evicted,
                    backups_skipped=c.backups_skipped if c else None,
-                   disk=DiskPublic.of_store(s, snap.store_read_only) if s else None)
+                   disk=DiskPublic.of_store(s, snap.store_read_only) if s else None,
+                   serving=ServingPublic.of(snap.serving) if snap.serving is not None else None)
 
 
 class HistorySample(BaseModel):
@@ -147,6 +176,11 @@ class HistorySample(BaseModel):
     disk_evictions: int | None
     disk_hits: int | None
     disk_misses: int | None
+    requests_total: int | None = Field(None, description="serving counters (None without an engine, and in "
+                                                          "samples taken before they were recorded)")
+    completion_tokens_total: int | None = None
+    ttft_sum_s: float | None = None
+    ttft_count: int | None = None
 
 
 class StatsHistory(BaseModel):

@@ -9,9 +9,12 @@ it has children; counters change incrementally and always equal a recount. See d
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
 
 import torch
 
@@ -22,6 +25,13 @@ from chunkstore.cache.radix_types import (
 )
 from chunkstore.identity import ModelIdentity
 from chunkstore.keys import DEFAULT_NAMESPACE, chain_keys, encode_tokens, root_key
+
+# When the logical clock was read, sampled at most once a second (a day of samples, then the oldest
+# go): enough to tell which nodes were last accessed longer ago than a duration (``clock_before``).
+_TICK_SAMPLE_S = 1.0
+_MAX_TICK_SAMPLES = 86_400
+_now = time.monotonic  # (tests replace it)
+
 
 class RadixTree:
     """Radix tree of whole pages, one root per namespace; see docs/RADIX.md.
@@ -39,6 +49,7 @@ class RadixTree:
         self._root_keys: dict[str, bytes] = {}
         self._ids = itertools.count(1)
         self._clock = 0
+        self._tick_times: deque[tuple[int, float]] = deque(maxlen=_MAX_TICK_SAMPLES)  # (clock, monotonic s)
         self._num_nodes = 0
         self._pages = [0, 0]  # per tier index
         self._locked_pages = [0, 0]
@@ -83,7 +94,7 @@ class RadixTree:
         handle = None
         if not is_peek:
             if used:
-                self._clock += 1
+                self._tick()
                 for node, _ in used:
                     node.last_access = self._clock
                     node.hit_count += 1
@@ -114,6 +125,30 @@ class RadixTree:
             pos += k * size
             node = child if k == child.num_pages else None
         return path
+
+    def _tick(self) -> None:
+        self._clock += 1
+        now = _now()
+        if not self._tick_times or now - self._tick_times[-1][1] >= _TICK_SAMPLE_S:
+            self._tick_times.append((self._clock, now))
+
+    def clock_before(self, age_s: float) -> int:
+        """A clock value such that every node whose ``last_access`` is below it was last accessed more
+        than ``age_s`` seconds ago (conservative by up to a second: a recent node never qualifies);
+        0 when no access is known to be that old. Changes nothing."""
+        # Ticks after the sample (c, t) and before the next sample came within a second of t.
+        samples = self._tick_times
+        i = bisect.bisect_right([t for _, t in samples], _now() - age_s - _TICK_SAMPLE_S)
+        if i == 0:
+            return 0
+        return samples[i][0] if i < len(samples) else self._clock + 1
+
+    def find_key(self, key: bytes, namespace: str | None = None) -> tuple[RadixNode, int] | None:
+        """The node holding the page ``key`` and the page's index in it, or None. O(pages); changes nothing."""
+        for node in self.iter_nodes(namespace):
+            if key in node.keys:
+                return node, node.keys.index(key)
+        return None
 
     def _root_key(self, namespace: str) -> bytes:
         if not isinstance(namespace, str):
@@ -164,7 +199,7 @@ class RadixTree:
             pad = torch.full((from_page,), -1, dtype=torch.int64)
             dev = None if dev is None else torch.cat([pad, dev])
             host = None if host is None else torch.cat([pad, host])
-        self._clock += 1
+        self._tick()
         if root is None:
             root = self._roots[namespace] = RadixNode(0, namespace, (), (), rkey, None, self._clock)
         unneeded: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
@@ -405,9 +440,19 @@ class RadixTree:
         """As ``evict_device``, for host copies (the controller persists first where it must)."""
         return self._evict(Tier.HOST, num_pages, policy, on_evict)
 
+    def evict_selected(
+        self, tier: Tier, num_pages: int, selected: Collection[RadixNode] | Callable[[RadixNode], bool],
+        policy: EvictionPolicy | str | None = None, on_evict: Callable[[RadixNode], None] | None = None,
+    ) -> int:
+        """As ``evict_device`` / ``evict_host``, taking only ``selected`` nodes (a collection, or a
+        predicate): a selected node goes only once every node below it on that tier has gone, so
+        one with an unselected or locked descendant there stays."""
+        is_selected = selected.__contains__ if isinstance(selected, Collection) else selected
+        return self._evict(tier, num_pages, policy, on_evict, is_selected)
+
     def _evict(
         self, tier: Tier, num_pages: int, policy: EvictionPolicy | str | None,
-        on_evict: Callable[[RadixNode], None] | None,
+        on_evict: Callable[[RadixNode], None] | None, is_selected: Callable[[RadixNode], bool] | None = None,
     ) -> int:
         chosen = self.policy if policy is None else EvictionPolicy.parse(policy)
         t = tier.index
@@ -415,7 +460,8 @@ class RadixTree:
             return 0
 
         def is_candidate(node: RadixNode) -> bool:
-            return node.parent is not None and not node.lock_ref and node.holds(t) and not node.below[t]
+            return (node.parent is not None and not node.lock_ref and node.holds(t) and not node.below[t]
+                    and (is_selected is None or is_selected(node)))
 
         def evict_one(node: RadixNode) -> tuple[int, RadixNode | None]:
             if on_evict is not None and on_evict(node) is False:
@@ -429,7 +475,7 @@ class RadixTree:
             self._prune(node)
             return num_node_pages, up
 
-        candidates = [n for n in self._candidates.of(t) if not n.lock_ref]
+        candidates = [n for n in self._candidates.of(t) if not n.lock_ref and (is_selected is None or is_selected(n))]
         return evict_by_priority(candidates, chosen, num_pages, is_candidate, evict_one)
 
     # ---- walking and counters --------------------------------------------------------------------

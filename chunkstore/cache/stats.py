@@ -2,19 +2,59 @@
 
 Invariants: counters only grow (a snapshot minus an earlier one is the activity between them);
 every update and every snapshot happens under one lock, so a snapshot is never half of an update;
-snapshots are plain dataclasses of numbers and strings (``as_dict`` gives JSON-ready data).
+snapshots are plain dataclasses of numbers and strings (``as_dict`` gives JSON-ready data);
+latency histograms have fixed bucket bounds (``LATENCY_BUCKETS_S``), so recording one costs a
+bisect and a tuple copy.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chunkstore.cache.ops import Ack, TransferPath
 
 HIT_TIERS = ("device", "host", "disk")
+# Upper bounds (seconds) of the latency buckets: transfers (sub-millisecond to seconds) and requests.
+# Namespaces counted one by one (lookups by namespace); lookups in namespaces beyond these count
+# in the totals only, so a client inventing namespaces cannot grow the counters without bound.
+MAX_COUNTED_NAMESPACES = 10_000
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Observations counted by bucket: ``counts[i]`` are those <= ``bounds[i]`` and above the bound
+    before; the last count is above every bound. ``observed`` returns a new histogram."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS_S
+    counts: tuple[int, ...] = (0,) * (len(LATENCY_BUCKETS_S) + 1)
+    total: float = 0.0  # the sum of the observations
+
+    def __post_init__(self) -> None:
+        if len(self.counts) != len(self.bounds) + 1 or list(self.bounds) != sorted(self.bounds):
+            raise ValueError("a histogram needs sorted bounds and one count more than bounds")
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def observed(self, value: float) -> "Histogram":
+        i = bisect.bisect_left(self.bounds, value)
+        counts = list(self.counts)
+        counts[i] += 1
+        return Histogram(self.bounds, tuple(counts), self.total + value)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) per bucket, the last bound ``inf`` (Prometheus' form)."""
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts):
+            total += n
+            out.append((bound, total))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +98,24 @@ class PathStats:
     failed_pages: int = 0
     total_s: float = 0.0
     max_s: float = 0.0
+    latency: Histogram = field(default_factory=Histogram)  # seconds per transfer (one ack each)
 
     @property
     def gbps(self) -> float:
         return self.num_bytes / self.total_s / 1e9 if self.total_s > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceLookups:
+    """The lookups of one namespace since the cache started."""
+
+    lookups: int = 0
+    lookup_tokens: int = 0
+    hit_tokens: int = 0  # used cached tokens, from any tier
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +160,29 @@ class CacheCounters:
         self._paths = {p.value: PathStats() for p in TransferPath}
         self._evicted = {"device": 0, "host": 0}
         self._backups_skipped = 0
+        self._by_namespace: dict[str, NamespaceLookups] = {}
 
-    def record_lookup(self, num_tokens: int, device_tokens: int, host_tokens: int, disk_tokens: int) -> None:
+    def record_lookup(self, num_tokens: int, device_tokens: int, host_tokens: int, disk_tokens: int,
+                      namespace: str | None = None) -> None:
         with self._lock:
             self._lookups += 1
             self._lookup_tokens += num_tokens
             for tier, n in zip(HIT_TIERS, (device_tokens, host_tokens, disk_tokens)):
                 self._hit_tokens[tier] += n
+            if namespace is None:
+                return
+            n = self._by_namespace.get(namespace)
+            if n is None:
+                if len(self._by_namespace) >= MAX_COUNTED_NAMESPACES:
+                    return
+                n = NamespaceLookups()
+            self._by_namespace[namespace] = NamespaceLookups(
+                n.lookups + 1, n.lookup_tokens + num_tokens, n.hit_tokens + device_tokens + host_tokens + disk_tokens)
+
+    def lookups_by_namespace(self) -> dict[str, NamespaceLookups]:
+        """Per namespace (the first ``MAX_COUNTED_NAMESPACES`` seen), its lookups since the start."""
+        with self._lock:
+            return dict(self._by_namespace)
 
     def record_ack(self, ack: Ack) -> None:
         name = ack.op.path.value
@@ -121,7 +191,8 @@ class CacheCounters:
             self._paths[name] = PathStats(
                 num_ops=s.num_ops + (1 if ack.is_last else 0), num_pages=s.num_pages + ack.num_ok,
                 num_bytes=s.num_bytes + ack.num_bytes, failed_pages=s.failed_pages + len(ack.ok) - ack.num_ok,
-                total_s=s.total_s + ack.elapsed_s, max_s=max(s.max_s, ack.elapsed_s))
+                total_s=s.total_s + ack.elapsed_s, max_s=max(s.max_s, ack.elapsed_s),
+                latency=s.latency.observed(ack.elapsed_s))
 
     def record_eviction(self, tier: str, num_pages: int) -> None:
         if num_pages:

@@ -157,7 +157,7 @@ class TieredCache(CacheAdministration):
         hit.device_tokens = min(used, first.num_device_tokens)
         hit.host_tokens = min(used - hit.device_tokens, first.num_host_tokens)
         hit.disk_tokens = used - hit.device_tokens - hit.host_tokens
-        self.counters.record_lookup(len(tokens), hit.device_tokens, hit.host_tokens, hit.disk_tokens)
+        self.counters.record_lookup(len(tokens), hit.device_tokens, hit.host_tokens, hit.disk_tokens, namespace)
         if self.config.write_policy is WritePolicy.WRITE_THROUGH_SELECTIVE and hit.handle.node is not None:
             ready = self._caller_event()
             with self._lock:

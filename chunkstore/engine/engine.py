@@ -28,6 +28,7 @@ from chunkstore.engine.loader import LoadedModel
 from chunkstore.engine.request import (EngineClosedError, FinishReason, GenerationResult, PromptTooLongError,
                                        QueueFullError, Request, RequestHandle)
 from chunkstore.engine.runner import ModelRunner
+from chunkstore.engine.serving_stats import ServingStats
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class Engine:
         self._is_closing = False
         self._is_closed = False
         self._running: list[Generation] = []
+        self.serving = ServingStats()  # requests, tokens and latencies served (the management API's)
         self._thread = threading.Thread(target=self._run, name="chunkstore-engine", daemon=True)
         self._thread.start()
 
@@ -103,9 +105,12 @@ class Engine:
             if self._is_closing:
                 raise EngineClosedError("the engine is closed")
             handle = RequestHandle(next(self._ids), request, prompt_ids)
+            handle.on_complete = self.serving.record_completed
+            self.serving.record_accepted()  # before the put: the engine may complete it at once
             try:
                 self._queue.put_nowait((handle, submitted_at_s))
             except queue.Full:
+                self.serving.record_not_queued()
                 raise QueueFullError(f"the request queue is full ({self.config.max_queue_size} requests "
                                      f"waiting); retry later") from None
         # Disk reads start now and overlap the requests ahead of this one; an engine with nothing

@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from chunkstore.engine.sampling import SamplingParams
@@ -121,6 +121,8 @@ class RequestHandle:
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self._is_cancelled = False
+        # Called once, on the engine's thread, as it completes (the engine's ServingStats); never raises.
+        self.on_complete: Callable[[GenerationResult | None, BaseException | None], None] | None = None
 
     # -- caller side -------------------------------------------------------------------------------
 
@@ -169,5 +171,7 @@ class RequestHandle:
         if self._done.is_set():
             raise ValueError(f"request {self.request_id} completed twice")
         self._result, self._error = result, error
+        if self.on_complete is not None:  # first, so a caller woken below sees the figures
+            self.on_complete(result, error)
         self._deltas.put(_DONE)
         self._done.set()

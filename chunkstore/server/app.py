@@ -44,6 +44,6 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     # on the running cache. Imported here so that the server package stays importable alone.
     import api
 
-    api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode),
+    api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot),
               api.AdminSettings(host=settings.host))
     return app
