@@ -22,6 +22,7 @@ from api.middleware import HostCheckMiddleware, ResponseMiddleware, body_too_lar
 from api.routers import ROUTERS
 from api.runtime import AdminRuntime
 from api.settings import AdminSettings
+from api.webui import add_webui
 from chunkstore import __version__
 from chunkstore.body_limit import BodyLimitMiddleware
 
@@ -55,6 +56,7 @@ def create_app(backend: AdminBackend, settings: AdminSettings | None = None) -> 
     app.add_middleware(HostCheckMiddleware, allowed=runtime.allowed_hosts)  # added last: runs first
     for router in ROUTERS:
         app.include_router(router, prefix=API_PREFIX)
+    add_webui(app)  # the dashboard at / (webui/, docs/WEBUI.md); mounted, the parent serves its own /
     return app
 
 

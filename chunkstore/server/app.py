@@ -43,7 +43,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     # The management API (api/, docs/API.md) under /api/v1, on the same port: the operator's handle
     # on the running cache. Imported here so that the server package stays importable alone.
     import api
+    from api.webui import add_webui
 
     api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot),
               api.AdminSettings(host=settings.host))
+    add_webui(app)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
     return app

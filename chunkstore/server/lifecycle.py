@@ -87,7 +87,7 @@ class _GracefulServer(uvicorn.Server):
 
 def serve_until_signal(app: FastAPI, sock: socket.socket, *, log_level: str, grace_s: float) -> None:
     """Run ``app`` on ``sock`` (main thread) until SIGTERM or SIGINT and the shutdown above."""
-    config = uvicorn.Config(app, log_level=log_level, lifespan="off",
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=grace_s + ABORT_GRACE_S)
     with _SignalLatch() as latch:
         _GracefulServer(config, app, grace_s, latch).run(sockets=[sock])

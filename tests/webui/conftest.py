@@ -1,0 +1,136 @@
+"""Browser fixtures: a real `chunkstore serve` subprocess on 127.0.0.1 (tests/server's ServeProcess)
+with a little traffic, Debian's Chromium driven by Playwright, and pages that record every console
+error and uncaught exception.
+
+Browser tests are skipped (with the reason) only where /usr/bin/chromium is missing: CI installs it
+(.ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server.conftest import REPO, STORY, ServeProcess
+
+CHROMIUM = Path("/usr/bin/chromium")
+TOKEN = "webui-test-admin-token"
+NAMESPACES = ("alice", "bob")
+VIEWS = ("overview", "namespaces", "chunks", "controls", "settings")
+SHOTS = Path(os.environ.get("CHUNKSTORE_SCREENSHOTS_DIR", REPO / "screenshots" / "webui"))
+
+
+
+def send_traffic(server: ServeProcess, rounds: int = 2) -> None:
+    """Completions in two namespaces, each prompt twice or more, so that there are chunks and hits."""
+    for i in range(rounds):
+        for ns in NAMESPACES:
+            for turn in range(3):
+                r = server.client.post("/v1/completions", json={
+                    "prompt": f"{ns} says: {STORY * 2} (turn {turn})", "max_tokens": 3, "user": ns})
+                assert r.status_code == 200, r.text
+
+
+class Traffic:
+    """Sends completions from a thread until stopped (the charts plot rates between live samples)."""
+
+    def __init__(self, server: ServeProcess) -> None:
+        self.server = server
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            send_traffic(self.server, rounds=1)
+
+    def __enter__(self) -> "Traffic":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[ServeProcess]:
+    root = tmp_path_factory.mktemp("webui")
+    proc = ServeProcess(root / "data", root / "serve.log", env={
+        "CHUNKSTORE_ADMIN_TOKEN": TOKEN, "CHUNKSTORE_ADMIN_HISTORY_INTERVAL_S": "0.5",
+        "CHUNKSTORE_ADMIN_EVENTS_INTERVAL_S": "0.5"})
+    proc.data = root / "data"
+    try:
+        send_traffic(proc)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from chunkstore.engine import load_model
+
+    return load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium; .ci/run does)")
+    from playwright.sync_api import sync_playwright  # the dev extra's
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM))
+        yield b
+        b.close()
+
+
+class Dashboard:
+    """One browser page on the dashboard, with the console errors and page errors it has seen."""
+
+    def __init__(self, browser, url: str, width: int = 1280, height: int = 900, color_scheme: str = "light") -> None:
+        self.url = url
+        self.context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=color_scheme)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.set_default_timeout(20_000)
+
+    def open(self, view: str = "overview", token: str | None = TOKEN) -> "Dashboard":
+        """Loads the page at ``#view`` and answers the first-visit token dialog."""
+        self.page.goto(f"{self.url}/#{view}")
+        self.page.wait_for_selector("#token-dialog[open]")
+        if token is None:
+            self.page.click("#token-none")
+        else:
+            self.page.fill("#token-input", token)
+            self.page.click("#token-save")
+        self.page.wait_for_selector(f"#view-{view}:not([hidden])")
+        return self
+
+    def go(self, view: str) -> None:
+        self.page.evaluate("view => { window.location.hash = view; }", view)
+        self.page.wait_for_selector(f"#view-{view}:not([hidden])")
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def dashboard(browser, server) -> Iterator:
+    """Opens dashboards (on ``server``, or ``url``); each test asserts its pages saw no console error."""
+    opened: list[Dashboard] = []
+
+    def make(width: int = 1280, height: int = 900, color_scheme: str = "light", url: str | None = None) -> Dashboard:
+        d = Dashboard(browser, url or server.url, width, height, color_scheme)
+        opened.append(d)
+        return d
+
+    yield make
+    for d in opened:
+        d.close()
