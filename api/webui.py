@@ -9,6 +9,7 @@ the API at ``api/v1/`` relative to itself, so it works wherever ``/`` of this ap
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -16,6 +17,8 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
 
 # Next to the api package both in a checkout and in site-packages (pyproject.toml ships it as package data).
 WEBUI_DIR = Path(__file__).resolve().parent.parent / "webui"
@@ -50,11 +53,12 @@ class _DashboardHeaders:
 
 def add_webui(app: FastAPI) -> None:
     """Adds ``GET /`` (the dashboard's page) and ``/webui/...`` (its scripts, styles and vendored
-    libraries) to ``app``, outside the OpenAPI spec. Raises FileNotFoundError when the webui folder
-    is not installed."""
+    libraries) to ``app``, outside the OpenAPI spec. When the webui folder is not installed it logs
+    a warning and adds nothing: the server and the API run without their dashboard (`/` is 404)."""
     index = WEBUI_DIR / "index.html"
     if not index.is_file():
-        raise FileNotFoundError(f"the dashboard's files are not installed ({index} is missing)")
+        log.warning("the dashboard's files are not installed (%s is missing): serving without it", index)
+        return
 
     async def dashboard(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] not in ("GET", "HEAD"):

@@ -40,3 +40,23 @@ def test_the_vendored_library_is_the_one_its_readme_names():
         digest = hashlib.sha256((WEBUI_DIR / "vendor" / name).read_bytes()).hexdigest()
         assert f"{digest}  {name}" in readme, f"{name}'s checksum is not the README's"
     assert "MIT License" in (WEBUI_DIR / "vendor" / "uPlot.LICENSE").read_text()
+
+
+def test_a_missing_dashboard_leaves_the_api_running(tmp_path, monkeypatch, caplog):
+    """Without its files (a broken install) the app still starts: `/` is 404, the API answers."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    import api.webui as webui
+
+    monkeypatch.setattr(webui, "WEBUI_DIR", tmp_path / "missing")
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True}
+
+    webui.add_webui(app)
+    client = TestClient(app)
+    assert client.get("/").status_code == 404 and client.get("/health").json() == {"ok": True}
+    assert "not installed" in caplog.text
