@@ -206,6 +206,8 @@ class CacheAdministration:
         by requests or transfers stay). Returns the pages evicted."""
         tier = Tier.parse(tier)
         with self._lock:
+            if tier is Tier.HOST:
+                self._holds.release_all()  # pages kept for queued requests go too: they load again
             tree = self.tree.stats()
             return self.evict(tier, tree.device_pages if tier is Tier.DEVICE else tree.host_pages)
 

@@ -32,7 +32,8 @@ _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _PAGE_UNITS = ("page", "pages")
 SIZE_EXAMPLES = "e.g. 2GB, 512MiB, 1000pages"
 _METAVARS = {"page_size": "TOKENS", "host_ratio": "RATIO", "disk_path": "DIR", "disk_ratio": "RATIO",
-             "disk_size": "GB", "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS"}
+             "disk_size": "GB", "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS",
+             "prefetch_host_share": "SHARE", "prefetch_hold_s": "SECONDS"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,11 @@ class CacheConfig(BaseSettings):
                                              "for disk->host prefetch")
     prefetch_timeout_s: float = _field(1.0, "longest prefetch wait under the timeout policy, "
                                             "in seconds", gt=0)
+    prefetch_host_share: float = _field(0.5, "share of the host pool that pages prefetched for queued "
+                                             "requests may hold, kept from eviction until their request "
+                                             "starts (0: no prefetch before a request starts)", ge=0.0, le=1.0)
+    prefetch_hold_s: float = _field(30.0, "longest a prefetched page is kept for a request that has not "
+                                          "started, in seconds", gt=0)
     compression: Compression = _field(Compression.AUTO, "chunk payload codec (auto: zstd_split for "
                                       "16-bit dtypes, zstd otherwise)")
     disk_load_host_share: float = _field(1.0, "share of the pages loaded from disk to the device "

@@ -33,6 +33,7 @@ from chunkstore.cache.ops import (
     TransferPath,
 )
 from chunkstore.cache.policies import PrefetchPolicy, WritePolicy
+from chunkstore.cache.prefetch_holds import PrefetchHolds, PrefetchRefresher
 from chunkstore.cache.pools import DevicePool, HostPool, PoolExhaustedError
 from chunkstore.cache.radix import RadixTree
 from chunkstore.cache.radix_types import (
@@ -120,9 +121,12 @@ class TieredCache(CacheAdministration):
         self._backing_up: set[bytes] = set()  # keys of pages in a BackupOp
         self._persisting: set[bytes] = set()  # keys of pages in a PersistOp
         self._prefetching: dict[bytes, PrefetchOp] = {}  # key of every page in a PrefetchOp -> op
+        self._holds = PrefetchHolds(int(self.host_pool.capacity_pages * config.prefetch_host_share),
+                                    config.prefetch_hold_s)
         self._is_closed = False
         self.controller = TierController(self.device_pool, self.host_pool, self.store, self._apply_ack,
                                          prefetch_batch_pages=prefetch_batch_pages)
+        self._refresher = PrefetchRefresher(self._prefetch_next_in_line) if self.store is not None else None
 
     # ---- lookups ---------------------------------------------------------------------------------
 
@@ -162,6 +166,8 @@ class TieredCache(CacheAdministration):
             ready = self._caller_event()
             with self._lock:
                 self._write_through(hit.handle.node, ready)
+        if self.store is not None:
+            self._consume_prefetch(tokens, namespace)
         return hit
 
     def peek(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> tuple[int, int, int]:
@@ -217,18 +223,42 @@ class TieredCache(CacheAdministration):
     # ---- disk -> host ----------------------------------------------------------------------------
 
     def prefetch(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> int:
-        """Start loading the on-disk part of the request's prefix into host memory; returns the
-        pages it will load (0: nothing to do). Does not wait. No-op without a disk tier."""
+        """Start loading the on-disk part of a queued request's prefix into host memory; returns the
+        pages it will load (0: nothing to do now). Does not wait. The pages are kept for the
+        request (see prefetch_holds.py) and the request stays pending, prefetched for again after
+        later matches, until a match of its tokens. No-op without a disk tier."""
         if self.store is None:
             return 0
         tokens = _as_tokens(token_ids)
         with self._lock:
+            self._holds.expire()
+            self._holds.add_pending(tokens, namespace)
+        return self._prefetch_speculative(tokens, namespace)
+
+    def _prefetch_speculative(self, tokens: tuple[int, ...], namespace: str) -> int:
+        with self._lock:
             m = self._relock(tokens, namespace)
         try:
-            op, _ = self._start_prefetch(tokens, namespace, m)
-            return 0 if op is None else op.num_pages
+            op, is_new = self._start_prefetch(tokens, namespace, m, speculative=True)
+            return op.num_pages if op is not None and is_new else 0
         finally:
             self.tree_unlock(m.handle)
+
+    def _consume_prefetch(self, tokens: tuple[int, ...], namespace: str) -> None:
+        """A request started: its held prefetch pages become evictable again (the match locked what
+        it uses), and the refresher prefetches for the requests next in line."""
+        with self._lock:
+            self._holds.consume(tokens, namespace)
+            self._holds.expire()
+        self._refresher.wake()
+
+    def _prefetch_next_in_line(self) -> None:
+        with self._lock:
+            next_in_line = self._holds.next_in_line()
+        for pending in next_in_line:
+            if self._is_closed:
+                return
+            self._prefetch_speculative(pending.tokens, pending.namespace)
 
     def _fetch_from_disk(self, tokens: tuple[int, ...], namespace: str, m: MatchResult,
                          wait_for_prefetch: bool | None = None) -> int:
@@ -254,17 +284,23 @@ class TieredCache(CacheAdministration):
                 self.tree_unlock(again.handle)
         return op.num_pages
 
-    def _start_prefetch(self, tokens: tuple[int, ...], namespace: str, m: MatchResult,
-                        ) -> tuple[PrefetchOp | None, bool]:
+    def _start_prefetch(self, tokens: tuple[int, ...], namespace: str, m: MatchResult, *,
+                        speculative: bool = False) -> tuple[PrefetchOp | None, bool]:
         """The prefetch covering the pages after ``m`` (in flight already, or started now), and
-        whether it is new. None when nothing after ``m`` is on disk or the host has no room."""
+        whether it is new. None when nothing after ``m`` is on disk or the host has no room.
+        A ``speculative`` one (for a queued request) takes at most the holds' room and keeps its
+        pages until the request starts; a request's own load may take back held pages of the
+        requests behind it."""
         pages = chain_pages(self.identity, tokens[m.num_tokens:], namespace, parent_key=m.last_key)
         if not pages:
             return None, False
         with self._lock:
             running = self._prefetching.get(pages[0].key)
+            room = self._holds.room() if speculative else len(pages)
         if running is not None:
             return running, False
+        if room == 0:
+            return None, False
         num_pages = self.store.longest_prefix([p.key for p in pages])
         if num_pages == 0:
             return None, False
@@ -272,7 +308,14 @@ class TieredCache(CacheAdministration):
             running = self._prefetching.get(pages[0].key)
             if running is not None:
                 return running, False
-            slots = self._allocate_host(num_pages, partial=True)
+            if speculative:
+                num_pages = min(num_pages, self._holds.room())  # the rest after a request ahead starts
+            if not speculative:
+                available = (self.host_pool.num_free + self.tree.stats().evictable_host_pages
+                             - self._holds.num_held_pages)
+                if num_pages > available:
+                    self._holds.release_newest(num_pages - available)
+            slots = self._allocate_host(num_pages, partial=True) if num_pages else None
             if slots is None or len(slots) == 0:
                 return None, False
             num_pages = len(slots)
@@ -283,6 +326,8 @@ class TieredCache(CacheAdministration):
                             host_slots=slots, anchor=anchor)
             for key in op.keys:
                 self._prefetching[key] = op
+            if speculative:
+                self._holds.started(op)
         self.controller.submit(op)
         return op, True
 
@@ -307,8 +352,11 @@ class TieredCache(CacheAdministration):
             self.controller.wait_idle(0.01)
         if op is None:
             return self._hit(m, m.device_slots)
-        self.controller.submit(op)
-        op.done.wait()
+        if self.device_pool.device.type == "cpu":
+            self.controller.run_now(op)  # a memcpy the caller waits for: no worker round trip
+        else:
+            self.controller.submit(op)
+            op.done.wait()
         if op.event is not None and self.config.disk_load_host_share < 1.0:
             op.event.synchronize()  # host copies may be freed below: the copy must have read them
         with self._lock:
@@ -560,6 +608,7 @@ class TieredCache(CacheAdministration):
                 for key in op.keys:
                     if self._prefetching.get(key) is op:  # a later op may cover the key by now
                         del self._prefetching[key]
+                self._holds.finished(op)  # its pages are kept for the queued request it is for
                 if op.anchor is not None:
                     self.tree.unlock(op.anchor)
                     op.anchor = None
@@ -601,6 +650,8 @@ class TieredCache(CacheAdministration):
         """Free a node's host copy once it is on disk (writing it down first); False keeps it."""
         if node.keys[0] in self._persisting:
             return False  # a write of it is reading the host copy now (persists hold no lock)
+        if self._holds.is_held(node.keys):
+            return False  # prefetched for a queued request that has not started
         if self.store is not None and not self._is_on_disk(node):
             start = time.perf_counter()
             try:
@@ -651,6 +702,14 @@ class TieredCache(CacheAdministration):
                     failed += node.num_pages
         return FlushResult(persisted, failed)
 
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until no transfer and no prefetch for queued requests is running or asked for;
+        False on timeout. Never call it while holding the tree's lock."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._refresher is not None and not self._refresher.wait_idle(timeout_s):
+            return False
+        return self.controller.wait_idle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
     def stats(self) -> CacheStats:
         """A consistent snapshot of the tiers and the counters."""
         with self._lock:
@@ -675,9 +734,11 @@ class TieredCache(CacheAdministration):
             return
         if flush and self.store is not None:
             self.flush()
+        self._is_closed = True
+        if self._refresher is not None:
+            self._refresher.close()
         self.controller.wait_idle()
         self.controller.close()
-        self._is_closed = True
         if self._owns_store:
             self.store.close()
 

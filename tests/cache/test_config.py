@@ -90,16 +90,17 @@ def test_every_flag_parses():
         "--page-size", "16", "--device-size", "2GB", "--host-ratio", "3", "--host-size", "8GB",
         "--no-use-disk", "--disk-path", "/data/kv", "--disk-ratio", "4", "--disk-size", "100",
         "--write-policy", "write_through_selective", "--write-through-threshold", "5",
-        "--prefetch-policy", "timeout", "--prefetch-timeout-s", "0.5", "--compression", "zstd",
-        "--disk-load-host-share", "0.25", "--eviction-policy", "lfu",
+        "--prefetch-policy", "timeout", "--prefetch-timeout-s", "0.5", "--prefetch-host-share", "0.75",
+        "--prefetch-hold-s", "12", "--compression", "zstd", "--disk-load-host-share", "0.25",
+        "--eviction-policy", "lfu",
     )
     c = CacheConfig.from_cli_args(args)
     assert c.model_dump() == {
         "page_size": 16, "device_size": "2GB", "host_ratio": 3.0, "host_size": "8GB", "use_disk": False,
         "disk_path": Path("/data/kv"), "disk_ratio": 4.0, "disk_size": 100.0,
         "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
-        "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5,
-        "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
+        "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5, "prefetch_host_share": 0.75,
+        "prefetch_hold_s": 12.0, "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
     }
 
 

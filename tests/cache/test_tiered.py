@@ -111,7 +111,7 @@ def lookup(cache: TieredCache, tokens, ns: str = DEFAULT_NAMESPACE) -> PrefixHit
 
 
 def settle(cache: TieredCache) -> None:
-    assert cache.controller.wait_idle(SETTLE_S), "the tier controller never became idle"
+    assert cache.wait_idle(SETTLE_S), "the tier controller (or the prefetch refresher) never became idle"
 
 
 def force_evict(cache: TieredCache, tier: str, num_pages: int) -> None:

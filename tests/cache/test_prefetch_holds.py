@@ -1,0 +1,186 @@
+"""Prefetch holds: pages prefetched for a queued request stay in host memory until it starts.
+
+Real TieredCache, pools and a zstd/SQLite store in tmp_path (the helpers of test_tiered.py). Each
+scenario puts prefixes on disk with a first run, opens a cold cache over that disk, prefetches as
+the engine does for queued requests, then applies the pressure that used to push those pages out
+(other requests' traffic) and checks where the pages are with ``peek`` (which changes nothing).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from chunkstore.cache.ops import PrefetchOp
+from chunkstore.cache.prefetch_holds import MAX_PENDING, NEXT_IN_LINE, PrefetchHolds
+from tests.cache.test_tiered import (
+    P, assert_consistent, lookup, make_config, open_cache, persist_run, serve, settle, stalled_disk_reads, toks,
+)
+
+A, B, C = toks(1, 2, 3, 4), toks(5, 6, 7, 8), toks(9, 10, 11, 12)
+TRAFFIC = [toks(100 + 10 * i, 101 + 10 * i, 102 + 10 * i, 103 + 10 * i) for i in range(8)]  # 32 new pages
+
+
+def host_tokens(cache, tokens) -> int:
+    return cache.peek(tokens)[1]
+
+
+def other_traffic(cache) -> None:
+    """Requests for other prefixes: their write-through copies need far more than the host pool."""
+    for tokens in TRAFFIC:
+        serve(cache, tokens)
+        settle(cache)
+
+
+def test_held_pages_survive_other_traffic_until_their_request_starts(tmp_path):
+    persist_run(tmp_path, [A])
+    with open_cache(make_config(tmp_path)) as cache:  # 8 device, 16 host pages; half for holds
+        assert cache.prefetch(A) == 4
+        settle(cache)
+        other_traffic(cache)
+        assert host_tokens(cache, A) == 4 * P, "pages prefetched for a queued request were evicted"
+        assert cache.stats().host.locked_pages == 0  # a hold is not a tree lock
+        hit = lookup(cache, A)  # the request starts: its hold is consumed
+        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        other_traffic(cache)
+        assert cache.peek(A)[:2] == (0, 0), "a consumed hold still kept its pages"
+        assert_consistent(cache)
+
+
+def test_a_hold_ends_after_prefetch_hold_s(tmp_path):
+    persist_run(tmp_path, [A])
+    with open_cache(make_config(tmp_path, prefetch_hold_s=0.05)) as cache:
+        assert cache.prefetch(A) == 4
+        settle(cache)
+        time.sleep(0.1)  # the request never starts (cancelled in the queue, say)
+        other_traffic(cache)
+        assert host_tokens(cache, A) == 0
+        assert_consistent(cache)
+
+
+def test_the_share_bounds_speculative_prefetch_and_the_rest_follows_later(tmp_path):
+    persist_run(tmp_path, [A, B])
+    with open_cache(make_config(tmp_path, prefetch_host_share=0.25)) as cache:  # 4 of 16 host pages
+        assert cache.prefetch(A) == 4
+        assert cache.prefetch(B) == 0  # no room: B waits in line
+        settle(cache)
+        assert host_tokens(cache, B) == 0
+        lookup(cache, A)  # A starts; its room goes to the next in line
+        settle(cache)
+        assert host_tokens(cache, B) == 4 * P
+        hit = lookup(cache, B)
+        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        assert_consistent(cache)
+
+
+def test_a_zero_share_turns_prefetch_for_queued_requests_off(tmp_path):
+    persist_run(tmp_path, [A])
+    with open_cache(make_config(tmp_path, prefetch_host_share=0.0)) as cache:
+        assert cache.prefetch(A) == 0
+        settle(cache)
+        assert host_tokens(cache, A) == 0
+        hit = lookup(cache, A)  # loaded when the request starts instead
+        assert (hit.num_tokens, hit.disk_tokens) == (4 * P, 4 * P)
+        assert_consistent(cache)
+
+
+def test_the_running_request_takes_back_the_holds_of_the_last_in_line(tmp_path):
+    d = toks(13, 14, 15, 16, 17, 18, 19, 20)
+    persist_run(tmp_path, [A, B, C, d])
+    with open_cache(make_config(tmp_path, prefetch_host_share=1.0)) as cache:
+        for tokens in (A, B, C):
+            assert cache.prefetch(tokens) == 4
+        settle(cache)  # 12 of 16 host pages held
+        hit = lookup(cache, d)  # needs 8 pages of host room: takes C's (the newest hold)
+        assert hit.num_tokens == 8 * P
+        assert (host_tokens(cache, A), host_tokens(cache, B)) == (4 * P, 4 * P)
+        assert_consistent(cache)
+
+
+def test_a_prefix_that_went_to_disk_while_queued_is_prefetched_again(tmp_path):
+    with open_cache(make_config(tmp_path)) as cache:
+        serve(cache, A)
+        settle(cache)
+        next_round = A + toks(50, 51)
+        assert cache.prefetch(next_round) == 0  # A is in memory: nothing to load yet
+        cache.clear("device")
+        cache.clear("host")  # A goes down to disk while the request waits
+        assert cache.peek(next_round) == (0, 0, 4 * P)
+        serve(cache, B)  # another request starts: the refresher looks at the queue again
+        settle(cache)
+        assert host_tokens(cache, next_round) == 4 * P
+        hit = lookup(cache, next_round)
+        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        assert_consistent(cache)
+
+
+def test_clearing_the_host_tier_ends_the_holds(tmp_path):
+    persist_run(tmp_path, [A])
+    with open_cache(make_config(tmp_path)) as cache:
+        assert cache.prefetch(A) == 4
+        settle(cache)
+        assert cache.clear("host") == 4
+        assert host_tokens(cache, A) == 0
+        assert_consistent(cache)
+
+
+@pytest.mark.timeout(60)
+def test_a_prefetch_still_in_flight_when_its_request_starts_is_not_held(tmp_path):
+    persist_run(tmp_path, [A])
+    with open_cache(make_config(tmp_path, prefetch_policy="best_effort")) as cache:
+        with stalled_disk_reads(cache):
+            assert cache.prefetch(A) == 4
+            hit = cache.match(A, wait_for_prefetch=False)  # starts before the pages land
+            assert hit.num_tokens == 0
+            cache.release(hit)
+        settle(cache)
+        other_traffic(cache)
+        assert host_tokens(cache, A) == 0, "pages of a request that already started were held"
+        assert_consistent(cache)
+
+
+# ---- the bookkeeping alone ------------------------------------------------------------------------
+
+def _op(tokens, num_pages: int, namespace: str = "ns") -> PrefetchOp:
+    keys = tuple(i.to_bytes(4, "little") + namespace.encode() + bytes(tokens[:1]) for i in range(num_pages))
+    return PrefetchOp(keys=keys, namespace=namespace, token_ids=tuple(tokens), host_slots=torch.arange(num_pages))
+
+
+def test_room_counts_pages_in_flight_and_held():
+    holds = PrefetchHolds(capacity_pages=10, hold_s=60)
+    a, b = _op([1, 2], 4), _op([3, 4], 3)
+    holds.started(a)
+    holds.started(b)
+    assert holds.room() == 3
+    a.num_loaded_pages = 2  # two of its four pages landed
+    holds.finished(a)
+    assert (holds.num_held_pages, holds.room()) == (2, 5)
+    assert holds.is_held([a.keys[1]]) and not holds.is_held([a.keys[3]])
+    assert holds.consume((1, 2, 9), "other-namespace") == 0
+    assert holds.consume((1, 2, 9), "ns") == 2
+    assert holds.room() == 7
+
+
+def test_expiry_ends_holds_and_pending_requests():
+    holds = PrefetchHolds(capacity_pages=10, hold_s=5)
+    op = _op([1], 2)
+    holds.started(op)
+    op.num_loaded_pages = 2
+    holds.finished(op)
+    holds.add_pending((1,), "ns")
+    now = time.monotonic()
+    assert holds.expire(now) == 0 and holds.next_in_line()
+    assert holds.expire(now + 6) == 2
+    assert holds.next_in_line() == [] and holds.num_held_pages == 0
+
+
+def test_pending_requests_are_bounded_and_next_in_line_is_the_oldest():
+    holds = PrefetchHolds(capacity_pages=10, hold_s=60)
+    for i in range(MAX_PENDING + 5):
+        holds.add_pending((i,), "ns")
+    line = holds.next_in_line()
+    assert [p.tokens for p in line] == [(i,) for i in range(5, 5 + NEXT_IN_LINE)]
+    holds.consume((5, 7), "ns")
+    assert holds.next_in_line()[0].tokens == (6,)
