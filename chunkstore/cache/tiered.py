@@ -505,6 +505,8 @@ class TieredCache(CacheAdministration):
         if node.keys[0] in self._backing_up:
             return True
         host = self._allocate_host(node.num_pages, partial=False)
+        if host is None and self._holds.release_newest(node.num_pages):
+            host = self._allocate_host(node.num_pages, partial=False)  # new pages before speculative ones
         if host is None:
             self.counters.record_backup_skipped()
             return False

@@ -16,7 +16,8 @@ import torch
 from chunkstore.cache.ops import PrefetchOp
 from chunkstore.cache.prefetch_holds import MAX_PENDING, NEXT_IN_LINE, PrefetchHolds
 from tests.cache.test_tiered import (
-    P, assert_consistent, lookup, make_config, open_cache, persist_run, serve, settle, stalled_disk_reads, toks,
+    P, assert_consistent, keys_of, lookup, make_config, open_cache, persist_run, serve, settle, stalled_disk_reads,
+    toks,
 )
 
 A, B, C = toks(1, 2, 3, 4), toks(5, 6, 7, 8), toks(9, 10, 11, 12)
@@ -184,3 +185,17 @@ def test_pending_requests_are_bounded_and_next_in_line_is_the_oldest():
     assert [p.tokens for p in line] == [(i,) for i in range(5, 5 + NEXT_IN_LINE)]
     holds.consume((5, 7), "ns")
     assert holds.next_in_line()[0].tokens == (6,)
+
+
+def test_new_pages_are_backed_up_before_pages_held_for_queued_requests(tmp_path):
+    persist_run(tmp_path, [A, B, C])
+    with open_cache(make_config(tmp_path, prefetch_host_share=1.0)) as cache:
+        for tokens in (A, B, C):
+            assert cache.prefetch(tokens) == 4
+        settle(cache)  # 12 of 16 host pages held
+        fresh = toks(30, 31, 32, 33, 34, 35, 36, 37)
+        serve(cache, fresh)  # write-through needs 8 host pages for its copies
+        settle(cache)
+        assert cache.stats().backups_skipped == 0, "a new page lost its copy to a speculative hold"
+        assert cache.store.longest_prefix(keys_of(fresh)) == 8  # and it reached the disk
+        assert_consistent(cache)
