@@ -6,7 +6,8 @@ next prefetch or write-through backup pushes them out before their request start
 the default multi-turn workload: nine in ten were read twice). So the pages of a speculative
 prefetch are *held*: host eviction skips them (the cache asks ``is_held``) until a ``match`` that
 covers the request's tokens consumes them, or until ``hold_s`` passes (a request that never
-starts). A hold is not a tree lock: it keeps the host copies only, never device pages above them.
+starts). So are the host pages its prefix already had in memory (``hold_resident``), which would
+otherwise go down to disk while it waits, to be read back on its match. A hold is not a tree lock: it keeps the host copies only, never device pages above them.
 Speculative pages, in flight and held, stay within ``capacity_pages`` (a share of the host pool,
 the rest being for the running request and for backups), and the running request's own load may
 take holds back, newest first. The requests prefetched for stay *pending* until they start: after
@@ -43,6 +44,15 @@ class PendingPrefetch:
     expires_at: float  # time.monotonic()
 
 
+@dataclass(eq=False)
+class ResidentHold:
+    """Host pages a queued request's prefix already had in memory, held like a prefetch's."""
+
+    keys: tuple[bytes, ...]
+    namespace: str
+    token_ids: tuple[int, ...]  # the request's tokens up to the last held page
+
+
 def _starts(prefix: tuple[int, ...], tokens: tuple[int, ...]) -> bool:
     return len(prefix) <= len(tokens) and tokens[:len(prefix)] == prefix
 
@@ -53,8 +63,8 @@ class PrefetchHolds:
     def __init__(self, capacity_pages: int, hold_s: float) -> None:
         self.capacity_pages, self.hold_s = capacity_pages, hold_s
         self._in_flight: set[PrefetchOp] = set()
-        self._held: dict[PrefetchOp, float] = {}  # op -> when its hold ends (time.monotonic())
-        self._held_keys: dict[bytes, PrefetchOp] = {}
+        self._held: dict[PrefetchOp | ResidentHold, float] = {}  # -> when the hold ends (time.monotonic())
+        self._held_keys: dict[bytes, PrefetchOp | ResidentHold] = {}
         self._pending: deque[PendingPrefetch] = deque(maxlen=MAX_PENDING)
 
     @property
@@ -84,6 +94,17 @@ class PrefetchHolds:
         if keys:
             self._held[op] = time.monotonic() + self.hold_s
             self._held_keys.update(dict.fromkeys(keys, op))
+
+    def hold_resident(self, keys: Iterable[bytes], tokens: tuple[int, ...], namespace: str) -> int:
+        """Hold host pages of a queued request's prefix (``tokens`` up to the last of them) that are
+        in memory already, so they do not go down to disk while it waits; at most the room left.
+        Returns the pages newly held."""
+        new = [k for k in keys if k not in self._held_keys][:self.room()]
+        if new:
+            hold = ResidentHold(tuple(new), namespace, tokens)
+            self._held[hold] = time.monotonic() + self.hold_s
+            self._held_keys.update(dict.fromkeys(new, hold))
+        return len(new)
 
     def add_pending(self, tokens: tuple[int, ...], namespace: str) -> None:
         self._pending.append(PendingPrefetch(tokens, namespace, time.monotonic() + self.hold_s))
@@ -131,7 +152,7 @@ class PrefetchHolds:
             return []
         return [self._pending[i] for i in range(min(NEXT_IN_LINE, len(self._pending)))]
 
-    def _unhold(self, op: PrefetchOp) -> int:
+    def _unhold(self, op: PrefetchOp | ResidentHold) -> int:
         del self._held[op]
         keys = [k for k in op.keys if self._held_keys.get(k) is op]
         for key in keys:

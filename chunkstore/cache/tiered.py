@@ -238,6 +238,10 @@ class TieredCache(CacheAdministration):
     def _prefetch_speculative(self, tokens: tuple[int, ...], namespace: str) -> int:
         with self._lock:
             m = self._relock(tokens, namespace)
+            path = list(self._path(m.last_node))[::-1]  # root first: the prefix's start matters most
+            resident = [k for node in path if node.host_slots is not None for k in node.keys]
+            if resident:  # host copies it would read back on its match: kept from going down meanwhile
+                self._holds.hold_resident(resident, tokens[:m.num_tokens], namespace)
         try:
             op, is_new = self._start_prefetch(tokens, namespace, m, speculative=True)
             return op.num_pages if op is not None and is_new else 0

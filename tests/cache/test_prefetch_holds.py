@@ -199,3 +199,20 @@ def test_new_pages_are_backed_up_before_pages_held_for_queued_requests(tmp_path)
         assert cache.stats().backups_skipped == 0, "a new page lost its copy to a speculative hold"
         assert cache.store.longest_prefix(keys_of(fresh)) == 8  # and it reached the disk
         assert_consistent(cache)
+
+
+def test_the_host_copies_of_a_queued_requests_prefix_are_held_too(tmp_path):
+    with open_cache(make_config(tmp_path)) as cache:
+        serve(cache, A)
+        settle(cache)  # A is on the device, and written through to host and disk
+        next_round = A + toks(50, 51)
+        assert cache.prefetch(next_round) == 0  # nothing to load: A is in memory
+        cache.clear("device")
+        other_traffic(cache)
+        assert host_tokens(cache, next_round) == 4 * P
+        assert cache.stats().paths["disk_to_host"].num_pages == 0, "a queued request's prefix went down to disk"
+        hit = lookup(cache, next_round)
+        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        other_traffic(cache)
+        assert host_tokens(cache, next_round) == 0  # the hold ended with the match
+        assert_consistent(cache)
