@@ -7,16 +7,16 @@ the default multi-turn workload: nine in ten were read twice). So the pages of a
 prefetch are *held*: host eviction skips them (the cache asks ``is_held``) until a ``match`` that
 covers the request's tokens consumes them, or until ``hold_s`` passes (a request that never
 starts). So are the host pages its prefix already had in memory (``hold_resident``), which would
-otherwise go down to disk while it waits, to be read back on its match. A hold is not a tree lock: it keeps the host copies only, never device pages above them.
-Speculative pages, in flight and held, stay within ``capacity_pages`` (a share of the host pool,
-the rest being for the running request and for backups), and the running request's own load may
-take holds back, newest first. The requests prefetched for stay *pending* until they start: after
-each match the cache prefetches again for the next of them, which catches what a bounded prefetch
-left out and the prefix pages that were in memory when the request was queued but went down to
-disk while it waited.
+otherwise go down to disk while it waits, to be read back on its match. A hold is not a tree lock:
+it keeps the host copies only, never device pages above them. Speculative pages, in flight and
+held, stay within ``capacity_pages`` (a share of the host pool, the rest being for the running
+request and for backups), and the running request's own load, or a backup of new pages, may take
+holds back, newest first. The requests prefetched for stay *pending* until they start: after each
+match the cache prefetches again for the next of them, which catches what a bounded prefetch left
+out and the prefix pages that went down to disk while the request waited.
 
 Invariants (the owner calls everything under the tree lock): an op is in at most one of
-``_in_flight`` and ``_held``; a key is held by at most one op, and only while that op is held;
+``_in_flight`` and ``_held``; a key is held by at most one hold, and only while that hold lasts;
 the pending list is bounded (oldest dropped) and every hold and pending entry ends by ``hold_s``.
 """
 

@@ -224,7 +224,8 @@ class TieredCache(CacheAdministration):
 
     def prefetch(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Start loading the on-disk part of a queued request's prefix into host memory; returns the
-        pages it will load (0: nothing to do now). Does not wait. The pages are kept for the
+        pages this call started loading (0: nothing to do now, or a load already in flight). Does
+        not wait. The pages are kept for the
         request (see prefetch_holds.py) and the request stays pending, prefetched for again after
         later matches, until a match of its tokens. No-op without a disk tier."""
         if self.store is None:
@@ -314,7 +315,7 @@ class TieredCache(CacheAdministration):
                 return running, False
             if speculative:
                 num_pages = min(num_pages, self._holds.room())  # the rest after a request ahead starts
-            if not speculative:
+            else:
                 available = (self.host_pool.num_free + self.tree.stats().evictable_host_pages
                              - self._holds.num_held_pages)
                 if num_pages > available:

@@ -28,6 +28,12 @@ def host_tokens(cache, tokens) -> int:
     return cache.peek(tokens)[1]
 
 
+def assert_starts_from_host(cache, tokens, num_pages: int) -> None:
+    """The request's match finds its first ``num_pages`` pages in host memory."""
+    hit = lookup(cache, tokens)
+    assert (hit.num_tokens, hit.host_tokens) == (num_pages * P, num_pages * P)
+
+
 def other_traffic(cache) -> None:
     """Requests for other prefixes: their write-through copies need far more than the host pool."""
     for tokens in TRAFFIC:
@@ -43,8 +49,7 @@ def test_held_pages_survive_other_traffic_until_their_request_starts(tmp_path):
         other_traffic(cache)
         assert host_tokens(cache, A) == 4 * P, "pages prefetched for a queued request were evicted"
         assert cache.stats().host.locked_pages == 0  # a hold is not a tree lock
-        hit = lookup(cache, A)  # the request starts: its hold is consumed
-        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        assert_starts_from_host(cache, A, 4)  # the request starts: its hold is consumed
         other_traffic(cache)
         assert cache.peek(A)[:2] == (0, 0), "a consumed hold still kept its pages"
         assert_consistent(cache)
@@ -71,8 +76,7 @@ def test_the_share_bounds_speculative_prefetch_and_the_rest_follows_later(tmp_pa
         lookup(cache, A)  # A starts; its room goes to the next in line
         settle(cache)
         assert host_tokens(cache, B) == 4 * P
-        hit = lookup(cache, B)
-        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        assert_starts_from_host(cache, B, 4)
         assert_consistent(cache)
 
 
@@ -112,8 +116,7 @@ def test_a_prefix_that_went_to_disk_while_queued_is_prefetched_again(tmp_path):
         serve(cache, B)  # another request starts: the refresher looks at the queue again
         settle(cache)
         assert host_tokens(cache, next_round) == 4 * P
-        hit = lookup(cache, next_round)
-        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        assert_starts_from_host(cache, next_round, 4)
         assert_consistent(cache)
 
 
@@ -211,8 +214,7 @@ def test_the_host_copies_of_a_queued_requests_prefix_are_held_too(tmp_path):
         other_traffic(cache)
         assert host_tokens(cache, next_round) == 4 * P
         assert cache.stats().paths["disk_to_host"].num_pages == 0, "a queued request's prefix went down to disk"
-        hit = lookup(cache, next_round)
-        assert (hit.num_tokens, hit.host_tokens) == (4 * P, 4 * P)
+        assert_starts_from_host(cache, next_round, 4)
         other_traffic(cache)
         assert host_tokens(cache, next_round) == 0  # the hold ended with the match
         assert_consistent(cache)
