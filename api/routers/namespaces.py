@@ -39,7 +39,7 @@ def list_namespaces(caller: ReaderDep, backend: BackendDep) -> NamespaceList:
     return NamespaceList(items=_namespaces(backend, caller.namespace))
 
 
-@router.put("/{namespace}/quota", response_model=NamespacePublic)
+@router.put("/{namespace:path}/quota", response_model=NamespacePublic)  # :path: a namespace may hold "/"
 def set_quota(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_length=256)], body: QuotaUpdate,
               request: Request, caller: AdminDep, backend: BackendDep) -> NamespacePublic:
     """Bound (or, with null, unbound) the stored bytes of a namespace. Admin token only."""

@@ -46,6 +46,6 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     from api.webui import add_webui
 
     api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot),
-              api.AdminSettings(host=settings.host))
+              api.AdminSettings(host=settings.host, port=settings.port))
     add_webui(app)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
     return app

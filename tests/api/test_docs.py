@@ -20,7 +20,7 @@ def endpoints() -> list[tuple[str, str]]:
     for router in ROUTERS:
         for route in router.routes:
             if isinstance(route, APIRoute):
-                out += [(method, route.path) for method in sorted(route.methods)]
+                out += [(method, route.path_format) for method in sorted(route.methods)]  # no :path
     return out
 
 

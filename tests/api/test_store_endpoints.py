@@ -114,6 +114,16 @@ def test_quota(store_server):
         assert s.index.quota("default") is None
 
 
+def test_quota_of_a_namespace_with_a_slash(store_server):
+    with store_server.client() as c:
+        r = c.put("/namespaces/team%2Fa/quota", json={"quota_bytes": 7000})
+        assert r.status_code == 200, r.text
+        assert (r.json()["namespace"], r.json()["quota_bytes"]) == ("team/a", 7000)
+        assert c.put("/namespaces/team/b/quota", json={"quota_bytes": 8000}).json()["namespace"] == "team/b"
+    with ChunkStore(store_server.root, TINY, read_only=True) as s:
+        assert (s.index.quota("team/a"), s.index.quota("team/b")) == (7000, 8000)
+
+
 def test_dry_run_changes_nothing_and_eviction_reaches_the_disk(store_server):
     root = store_server.root
     before = chunk_files(root)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from chunkstore.server.settings import ServerSettings
 from tests.server.conftest import PAGE_SIZE, STORY, stream
 
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -122,3 +123,11 @@ def test_user_field_and_header_choose_the_namespace(served):
     assert cached(json={**body, "user": "bob"}) == 0
     assert cached(json={**body, "user": "alice"}, headers={"X-Chunkstore-Namespace": "carol"}) == 0  # header wins
     assert cached(json=body) == 0  # "default"
+
+
+def test_the_management_api_reports_the_servers_own_address(served):
+    """Under `chunkstore serve` the management API shares the server's port (not admin's 8001)."""
+    response = served.client.get("/api/v1/config")
+    assert response.status_code == 200, response.text
+    admin = response.json()["admin"]
+    assert (admin["host"], admin["port"]) == ("127.0.0.1", ServerSettings().port)
