@@ -54,7 +54,8 @@ class ResidentHold:
 
 
 def _starts(prefix: tuple[int, ...], tokens: tuple[int, ...]) -> bool:
-    return len(prefix) <= len(tokens) and tokens[:len(prefix)] == prefix
+    n = len(prefix)  # the last-token check first: most pairs differ there, and it copies nothing
+    return n <= len(tokens) and (n == 0 or tokens[n - 1] == prefix[-1]) and tokens[:n] == prefix
 
 
 class PrefetchHolds:
@@ -117,9 +118,9 @@ class PrefetchHolds:
             self._in_flight.discard(op)
         given_back = sum(self._unhold(op) for op in list(self._held)
                          if op.namespace == namespace and _starts(op.token_ids, tokens))
-        if self._pending:
-            kept = [p for p in self._pending if not (p.namespace == namespace and _starts(p.tokens, tokens))]
-            self._pending = deque(kept, maxlen=MAX_PENDING)
+        started = [p for p in self._pending if p.namespace == namespace and _starts(p.tokens, tokens)]
+        for p in started:
+            self._pending.remove(p)
         return given_back
 
     def expire(self, now: float | None = None) -> int:
