@@ -509,9 +509,7 @@ class TieredCache(CacheAdministration):
         """Submit a device->host copy of ``node`` (under the lock); False when the host has no room."""
         if node.keys[0] in self._backing_up:
             return True
-        host = self._allocate_host(node.num_pages, partial=False)
-        if host is None and self._holds.release_newest(node.num_pages):
-            host = self._allocate_host(node.num_pages, partial=False)  # new pages before speculative ones
+        host = self._allocate_host_for_copy(node.num_pages)
         if host is None:
             self.counters.record_backup_skipped()
             return False
@@ -630,6 +628,14 @@ class TieredCache(CacheAdministration):
         return self._allocate(self.host_pool, self.tree.evict_host, self._evict_host_node, "host",
                               num_pages, partial)
 
+    def _allocate_host_for_copy(self, num_pages: int) -> torch.Tensor | None:
+        """Host slots for a copy of computed pages (a backup), taking prefetch holds back when the
+        pool has no other room: a page with no copy below can be lost, a held one is only read again."""
+        host = self._allocate_host(num_pages, partial=False)
+        if host is None and self._holds.release_newest(num_pages):
+            host = self._allocate_host(num_pages, partial=False)
+        return host
+
     def _allocate(self, pool, evict, on_evict, tier: str, num_pages: int, partial: bool) -> torch.Tensor | None:
         if num_pages > pool.num_free:
             self.counters.record_eviction(tier, evict(num_pages - pool.num_free, on_evict=on_evict))
@@ -641,7 +647,7 @@ class TieredCache(CacheAdministration):
         """Free a node's device copy, backing it up first under write-back; False keeps it."""
         if node.host_slots is None and self.config.write_policy is WritePolicy.WRITE_BACK \
                 and not self._is_on_disk(node):
-            host = self._allocate_host(node.num_pages, partial=False)
+            host = self._allocate_host_for_copy(node.num_pages)
             if host is None:
                 return False  # no room above the disk either: keep it rather than lose it
             start = time.perf_counter()

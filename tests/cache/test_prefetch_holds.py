@@ -218,3 +218,21 @@ def test_the_host_copies_of_a_queued_requests_prefix_are_held_too(tmp_path):
         other_traffic(cache)
         assert host_tokens(cache, next_round) == 0  # the hold ended with the match
         assert_consistent(cache)
+
+
+@pytest.mark.timeout(120)
+def test_write_back_evictions_copy_new_pages_before_pages_held_for_queued_requests(tmp_path):
+    d = toks(13, 14, 15, 16)
+    persist_run(tmp_path, [A, B, C, d])
+    config = make_config(tmp_path, prefetch_host_share=1.0, write_policy="write_back")
+    with open_cache(config) as cache:
+        for tokens in (A, B, C, d):
+            assert cache.prefetch(tokens) == 4
+        settle(cache)  # every host page held
+        fresh = [toks(40 + 10 * i, 41 + 10 * i, 42 + 10 * i, 43 + 10 * i) for i in range(4)]
+        for tokens in fresh:  # 16 new pages through an 8-page device: evictions must copy them down
+            serve(cache, tokens)
+        settle(cache)
+        for tokens in fresh[:2]:  # the first ones left the device, each with a copy below it
+            assert sum(cache.peek(tokens)) == 4 * P, "a new page was lost to a speculative hold"
+        assert_consistent(cache)
