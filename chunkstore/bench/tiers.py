@@ -144,7 +144,7 @@ def _fill(cache: TieredCache, prompts: list[list[int]], pages: torch.Tensor, bat
         cache.device_pool.buffer[slots.to(device)] = pages[i * batch:(i + 1) * batch].to(device)
         cache.insert(tokens, slots)
         cache.release(hit)
-        cache.controller.wait_idle()
+        cache.wait_idle()
 
 
 def _timed_match(cache: TieredCache, tokens: list[int], expected: torch.Tensor, source: str) -> float:

@@ -315,12 +315,9 @@ class TieredCache(CacheAdministration):
                 return running, False
             if speculative:
                 num_pages = min(num_pages, self._holds.room())  # the rest after a request ahead starts
+                slots = self._allocate_host(num_pages, partial=True) if num_pages else None
             else:
-                available = (self.host_pool.num_free + self.tree.stats().evictable_host_pages
-                             - self._holds.num_held_pages)
-                if num_pages > available:
-                    self._holds.release_newest(num_pages - available)
-            slots = self._allocate_host(num_pages, partial=True) if num_pages else None
+                slots = self._allocate_host_over_holds(num_pages, partial=True)
             if slots is None or len(slots) == 0:
                 return None, False
             num_pages = len(slots)
@@ -509,7 +506,7 @@ class TieredCache(CacheAdministration):
         """Submit a device->host copy of ``node`` (under the lock); False when the host has no room."""
         if node.keys[0] in self._backing_up:
             return True
-        host = self._allocate_host_for_copy(node.num_pages)
+        host = self._allocate_host_over_holds(node.num_pages, partial=False)
         if host is None:
             self.counters.record_backup_skipped()
             return False
@@ -628,13 +625,18 @@ class TieredCache(CacheAdministration):
         return self._allocate(self.host_pool, self.tree.evict_host, self._evict_host_node, "host",
                               num_pages, partial)
 
-    def _allocate_host_for_copy(self, num_pages: int) -> torch.Tensor | None:
-        """Host slots for a copy of computed pages (a backup), taking prefetch holds back when the
-        pool has no other room: a page with no copy below can be lost, a held one is only read again."""
-        host = self._allocate_host(num_pages, partial=False)
-        if host is None and self._holds.release_newest(num_pages):
-            host = self._allocate_host(num_pages, partial=False)
-        return host
+    def _allocate_host_over_holds(self, num_pages: int, *, partial: bool) -> torch.Tensor | None:
+        """Host slots for what is needed now (the running request's disk load, a copy of computed
+        pages): evictable pages go first; when that is not enough, prefetch holds are given back,
+        newest first, and eviction runs again. A page with no copy below can be lost and a
+        running request would recompute; a held page is only read again later."""
+        slots = self._allocate_host(num_pages, partial=partial)
+        got = 0 if slots is None else len(slots)
+        if got == num_pages or not self._holds.release_newest(num_pages - got):
+            return slots
+        if not partial:
+            return self._allocate_host(num_pages, partial=False)
+        return torch.cat([slots, self._allocate_host(num_pages - got, partial=True)])
 
     def _allocate(self, pool, evict, on_evict, tier: str, num_pages: int, partial: bool) -> torch.Tensor | None:
         if num_pages > pool.num_free:
@@ -647,7 +649,7 @@ class TieredCache(CacheAdministration):
         """Free a node's device copy, backing it up first under write-back; False keeps it."""
         if node.host_slots is None and self.config.write_policy is WritePolicy.WRITE_BACK \
                 and not self._is_on_disk(node):
-            host = self._allocate_host_for_copy(node.num_pages)
+            host = self._allocate_host_over_holds(node.num_pages, partial=False)
             if host is None:
                 return False  # no room above the disk either: keep it rather than lose it
             start = time.perf_counter()
