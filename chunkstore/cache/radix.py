@@ -33,6 +33,14 @@ _MAX_TICK_SAMPLES = 86_400
 _now = time.monotonic  # (tests replace it)
 
 
+
+def _is_kept(node: RadixNode, t: int) -> bool:
+    """Whether a lock keeps ``node``'s copy on tier index ``t`` from eviction. A lock keeps what its
+    holder reads: the device copy, and the host copy only while the node has no device copy (a
+    load-back in flight, a prefetch's anchor). Once on the device too, the host copy is a spare
+    that host eviction may take (a load-back sets the device slots only after its copy landed)."""
+    return node.lock_ref > 0 and node.holds(t) and (t == _DEVICE or node.device_slots is None)
+
 class RadixTree:
     """Radix tree of whole pages, one root per namespace; see docs/RADIX.md.
 
@@ -310,9 +318,9 @@ class RadixTree:
         self._check_attached(node)
         n = node
         while n.parent is not None:  # roots are never evicted: no need to count them
-            if n.lock_ref == 0:
-                self._count_locked(n, +1)
             n.lock_ref += 1
+            if n.lock_ref == 1:
+                self._count_locked(n, +1)
             n = n.parent
         return LockHandle(node)
 
@@ -326,16 +334,16 @@ class RadixTree:
         handle.is_released = True
         n = handle.node
         while n is not None and n.parent is not None:
-            n.lock_ref -= 1
-            if n.lock_ref == 0:
+            if n.lock_ref == 1:
                 self._count_locked(n, -1)
+            n.lock_ref -= 1
             n = n.parent
         if handle.node is not None:
             self._prune(handle.node)
 
     def _count_locked(self, node: RadixNode, sign: int) -> None:
         for t in (_DEVICE, _HOST):
-            if node.holds(t):
+            if _is_kept(node, t):
                 self._locked_pages[t] += sign * node.num_pages
 
     # ---- residency: the tier controller's acknowledgements ---------------------------------------
@@ -380,16 +388,15 @@ class RadixTree:
     def _set_slots(self, node: RadixNode, tier: Tier, slots: torch.Tensor | None) -> torch.Tensor | None:
         """The one place slots change: keeps the counters and the eviction candidates in step."""
         previous = node.slots(tier)
-        if tier is Tier.DEVICE:
-            node.device_slots = slots
-        else:
-            node.host_slots = slots
-        if (previous is None) != (slots is None):
-            t, sign = tier.index, (1 if slots is not None else -1)
-            self._pages[t] += sign * node.num_pages
-            if node.lock_ref:
-                self._locked_pages[t] += sign * node.num_pages
-            self._candidates.held_changed(node, t)
+        if (previous is None) == (slots is None):
+            node.set_slots(tier, slots)  # new slots for a copy it keeps: no counter changes
+            return previous
+        self._count_locked(node, -1)  # a device copy coming or going decides whether a lock keeps the host copy
+        node.set_slots(tier, slots)
+        self._count_locked(node, +1)
+        t = tier.index
+        self._pages[t] += (1 if slots is not None else -1) * node.num_pages
+        self._candidates.held_changed(node, t)
         return previous
 
     def _prune(self, node: RadixNode) -> None:
@@ -415,7 +422,7 @@ class RadixTree:
 
     def _evictable(self, tier: Tier, policy: EvictionPolicy | str | None) -> list[RadixNode]:
         chosen = self.policy if policy is None else EvictionPolicy.parse(policy)
-        nodes = [n for n in self._candidates.of(tier.index) if not n.lock_ref]
+        nodes = [n for n in self._candidates.of(tier.index) if not _is_kept(n, tier.index)]
         return sorted(nodes, key=lambda n: (chosen.priority(n), n.id))
 
     def evict_device(
@@ -460,7 +467,7 @@ class RadixTree:
             return 0
 
         def is_candidate(node: RadixNode) -> bool:
-            return (node.parent is not None and not node.lock_ref and node.holds(t) and not node.below[t]
+            return (node.parent is not None and not _is_kept(node, t) and node.holds(t) and not node.below[t]
                     and (is_selected is None or is_selected(node)))
 
         def evict_one(node: RadixNode) -> tuple[int, RadixNode | None]:
@@ -475,7 +482,7 @@ class RadixTree:
             self._prune(node)
             return num_node_pages, up
 
-        candidates = [n for n in self._candidates.of(t) if not n.lock_ref and (is_selected is None or is_selected(n))]
+        candidates = [n for n in self._candidates.of(t) if not _is_kept(n, t) and (is_selected is None or is_selected(n))]
         return evict_by_priority(candidates, chosen, num_pages, is_candidate, evict_one)
 
     # ---- walking and counters --------------------------------------------------------------------

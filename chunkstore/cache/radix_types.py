@@ -96,6 +96,13 @@ class RadixNode:
     def slots(self, tier: Tier) -> torch.Tensor | None:
         return self.device_slots if tier is Tier.DEVICE else self.host_slots
 
+    def set_slots(self, tier: Tier, slots: torch.Tensor | None) -> None:
+        """Only for RadixTree, which keeps its counters in step."""
+        if tier is Tier.DEVICE:
+            self.device_slots = slots
+        else:
+            self.host_slots = slots
+
     def holds(self, t: int) -> bool:
         """Whether the node has a copy on tier index ``t`` (``Tier.index``)."""
         return (self.device_slots if t == _DEVICE else self.host_slots) is not None

@@ -16,7 +16,7 @@ import torch
 from chunkstore.cache.ops import PrefetchOp
 from chunkstore.cache.prefetch_holds import MAX_PENDING, NEXT_IN_LINE, PrefetchHolds
 from tests.cache.test_tiered import (
-    P, assert_consistent, keys_of, lookup, make_config, open_cache, persist_run, serve, settle, stalled_disk_reads,
+    P, assert_consistent, bad_pages, keys_of, lookup, make_config, open_cache, persist_run, serve, settle, stalled_disk_reads,
     toks,
 )
 
@@ -235,4 +235,26 @@ def test_write_back_evictions_copy_new_pages_before_pages_held_for_queued_reques
         settle(cache)
         for tokens in fresh[:2]:  # the first ones left the device, each with a copy below it
             assert sum(cache.peek(tokens)) == 4 * P, "a new page was lost to a speculative hold"
+        assert_consistent(cache)
+
+
+def test_a_running_requests_host_copies_make_room_for_the_next_ones_prefetch(tmp_path):
+    # The running request's hit fills the host pool with copies of pages it reads on the device.
+    # Those copies are spares (its lock keeps the device copy), so the prefetch for the request
+    # behind it takes their room; kept, they left none and that request read its pages from disk
+    # at its match, on the engine's thread.
+    running = toks(*range(20, 28))  # 8 pages: the whole device pool and the whole host pool
+    persist_run(tmp_path, [running, A])
+    with open_cache(make_config(tmp_path, host_size="8pages", prefetch_host_share=1.0)) as cache:
+        hit = cache.match(running)
+        try:
+            assert (hit.num_tokens, hit.disk_tokens) == (8 * P, 8 * P)
+            assert cache.host_pool.num_free == 0 and cache.stats().host.locked_pages == 0
+            assert cache.prefetch(A) == 4
+            settle(cache)
+            assert host_tokens(cache, A) == 4 * P
+            assert bad_pages(cache, hit, running) == []  # the hit's device pages are untouched
+        finally:
+            cache.release(hit)
+        assert_starts_from_host(cache, A, 4)
         assert_consistent(cache)

@@ -173,10 +173,10 @@ def test_lock_unlock_refcounts_up_to_the_root(tree):
     assert (a.lock_ref, b.lock_ref, c.lock_ref, tree.root().lock_ref) == (2, 1, 1, 0)
     s = tree.stats()
     locked = (s.locked_device_pages, s.locked_host_pages, s.evictable_device_pages, s.evictable_host_pages)
-    assert locked == (3, 5, 0, 0)
+    assert locked == (3, 2, 0, 3)  # a lock keeps host copies only where there is no device copy (c)
     tree.unlock(deep.handle)
     assert (a.lock_ref, b.lock_ref, c.lock_ref) == (1, 0, 0)
-    assert tree.stats().locked_device_pages == 2 and tree.stats().locked_host_pages == 2
+    assert tree.stats().locked_device_pages == 2 and tree.stats().locked_host_pages == 0
     tree.unlock(shallow.handle)
     assert (a.lock_ref, b.lock_ref, c.lock_ref) == (0, 0, 0) and tree.stats().evictable_host_pages == 5
     with pytest.raises(ValueError, match="already released"):
@@ -204,15 +204,39 @@ def test_a_locked_ancestor_stays_when_its_descendants_go(tree):
     tree.insert(toks(1, 2, 3), device_slots=slots(0, 1, 2), host_slots=slots(3, 4, 5))
     upper = tree.split(tree.peek_prefix(toks(1)).last_node, 1)
     handle = tree.lock_node(upper)
-    assert tree.evict_device(100) == 2 and tree.evict_host(100) == 2
-    assert upper.device_slots.tolist() == [0] and upper.host_slots.tolist() == [3] and not upper.children
+    assert tree.evict_device(100) == 2
+    assert upper.device_slots.tolist() == [0] and upper.host_slots.tolist() == [3]
     tree.set_device_slots(upper, None)  # a locked node's residency changes move the locked counters too
     s = tree.stats()
-    assert (s.locked_device_pages, s.locked_host_pages, s.device_pages, s.evictable_host_pages) == (0, 1, 0, 0)
-    tree.set_device_slots(upper, slots(7))
-    assert tree.stats().locked_device_pages == 1 and tree.stats().evictable_device_pages == 0
+    assert (s.locked_device_pages, s.locked_host_pages, s.device_pages, s.evictable_host_pages) == (0, 1, 0, 2)
+    assert tree.evict_host(100) == 2 and upper.host_slots.tolist() == [3] and not upper.children
+    tree.set_device_slots(upper, slots(7))  # on the device again: its host copy is a spare
+    s = tree.stats()
+    assert (s.locked_device_pages, s.locked_host_pages, s.evictable_device_pages, s.evictable_host_pages) == \
+        (1, 0, 0, 1)
     tree.unlock(handle)
     assert tree.stats().evictable_device_pages == 1 and tree.stats().locked_host_pages == 0
+
+
+def test_a_lock_keeps_the_device_copy_and_a_host_copy_only_when_it_is_the_only_one(tree):
+    # The holder of a hit reads its device pages; the host copy of a locked page that is on the
+    # device too is a spare, and keeping it would fill the host pool with the running requests'
+    # prefixes (leaving no room to prefetch for the queued ones).
+    tree.insert(toks(1, 2), device_slots=slots(0, 1), host_slots=slots(5, 6))
+    tree.insert(toks(3), host_slots=slots(7))
+    both, host_only = tree.match_prefix(toks(1, 2)), tree.match_prefix(toks(3))
+    assert [n.token_ids for n in tree.evictable_host_leaves()] == [tuple(toks(1, 2))]
+    assert tree.evictable_device_leaves() == []
+    seen: list[RadixNode] = []
+    assert tree.evict_host(100, on_evict=seen.append) == 2 and seen == [both.last_node]
+    assert both.last_node.device_slots.tolist() == [0, 1] and both.last_node.host_slots is None
+    assert host_only.last_node.host_slots.tolist() == [7]
+    assert tree.evict_device(100) == 0 and tree.evict_host(100) == 0
+    s = tree.stats()
+    assert (s.locked_device_pages, s.locked_host_pages, s.evictable_host_pages) == (2, 1, 0)
+    tree.unlock(both.handle)
+    tree.unlock(host_only.handle)
+    assert tree.evict_device(100) == 2 and tree.evict_host(100) == 1 and tree.stats().num_nodes == 0
 
 
 def test_descendants_are_evicted_before_ancestors(tree):

@@ -53,6 +53,12 @@ def pages_of(tree: RadixTree, node: RadixNode) -> list[tuple[int, ...]]:
     return [ids[: first + i + 1] for i in range(node.num_pages)]
 
 
+def kept_by_lock(node: RadixNode, tier: str) -> bool:
+    """The model's rule: a lock keeps a node's device copy, and its host copy only while the node
+    has no device copy (a host copy beside a device one is a spare)."""
+    return node.lock_ref > 0 and (tier == "device" or node.device_slots is None)
+
+
 def subtree(node: RadixNode):
     stack = [node]
     while stack:
@@ -183,7 +189,7 @@ class RadixMachine(RuleBasedStateMachine):
 
         def on_evict(node: RadixNode) -> None:
             slots = node.device_slots if tier == "device" else node.host_slots
-            assert slots is not None and node.lock_ref == 0
+            assert slots is not None and not kept_by_lock(node, tier)
             below = list(subtree(node))[1:]
             assert all((d.device_slots if tier == "device" else d.host_slots) is None for d in below)
             seen.append((node, pages_of(self.tree, node), slots.tolist()))
@@ -195,10 +201,12 @@ class RadixMachine(RuleBasedStateMachine):
             assert evicted == 0
         elif evicted >= num_pages:
             assert evicted - len(seen[-1][2]) < num_pages  # overshoot below one node's pages
-        else:
-            stats = self.tree.stats()
-            left = stats.evictable_device_pages if tier == "device" else stats.evictable_host_pages
-            assert left == 0
+        else:  # a copy no lock keeps stays only above one a lock keeps (on the host: a page of a
+            # locked node has a spare host copy while a host-only page below it is kept)
+            attr = f"{tier}_slots"
+            for n in self.tree.iter_nodes():
+                if getattr(n, attr) is not None and not kept_by_lock(n, tier):
+                    assert any(getattr(d, attr) is not None and kept_by_lock(d, tier) for d in list(subtree(n))[1:])
         for node, prefixes, slots in seen:
             for prefix, slot in zip(prefixes, slots):
                 page = self.model[(node.namespace, prefix)]
@@ -277,7 +285,8 @@ class RadixMachine(RuleBasedStateMachine):
         nodes = list(self.tree.iter_nodes())
         tiers = ("device_slots", "host_slots")
         pages = {t: sum(n.num_pages for n in nodes if getattr(n, t) is not None) for t in tiers}
-        locked = {t: sum(n.num_pages for n in nodes if getattr(n, t) is not None and n.lock_ref) for t in tiers}
+        locked = {t: sum(n.num_pages for n in nodes if getattr(n, t) is not None and kept_by_lock(n, t[:-6]))
+                  for t in tiers}
         s = self.tree.stats()
         assert s.num_nodes == len(nodes) and s.num_namespaces == len(self.tree.namespaces())
         assert (s.device_pages, s.host_pages) == (pages["device_slots"], pages["host_slots"])
@@ -310,7 +319,7 @@ class RadixMachine(RuleBasedStateMachine):
                              ("host_slots", self.tree.evictable_host_leaves())):
             expected = {
                 n.id for n in self.tree.iter_nodes()
-                if getattr(n, attr) is not None and not n.lock_ref
+                if getattr(n, attr) is not None and not kept_by_lock(n, attr[:-6])
                 and all(getattr(d, attr) is None for d in list(subtree(n))[1:])
             }
             assert sorted(n.id for n in listed) == sorted(expected)
