@@ -135,6 +135,9 @@ class ChunkIndex:
         self._pending_touch: dict[bytes, tuple[int, float]] = {}
         self._pending_counts: Counter[tuple[str, str]] = Counter()
         self._pending_lock = threading.Lock()
+        # The writer's quotas, read once per namespace: only set_quota changes them while this
+        # process holds the store's writer lock (every put asks, per namespace).
+        self._quotas: dict[str, int | None] = {}
         with self.engine.begin() as conn:
             if read_only:
                 if migrations.current_revision(conn) != migrations.head_revision():
@@ -219,6 +222,14 @@ class ChunkIndex:
             return int(conn.execute(stmt).scalar() or 0)
 
     def quota(self, namespace: str) -> int | None:
+        if self.read_only:  # another process may be the writer: always ask the file
+            return self._read_quota(namespace)
+        with self.write_lock:  # filled and changed only under it, so never from a stale read
+            if namespace not in self._quotas:
+                self._quotas[namespace] = self._read_quota(namespace)
+            return self._quotas[namespace]
+
+    def _read_quota(self, namespace: str) -> int | None:
         with self.engine.connect() as conn:
             return conn.execute(select(namespace_quotas.c.quota_bytes)
                                 .where(namespace_quotas.c.namespace == namespace)).scalar()
@@ -417,6 +428,7 @@ class ChunkIndex:
                 stmt = sqlite_insert(namespace_quotas).values(namespace=namespace, quota_bytes=quota_bytes)
                 conn.execute(stmt.on_conflict_do_update(index_elements=["namespace"],
                                                         set_={"quota_bytes": quota_bytes}))
+            self._quotas.pop(namespace, None)  # read again once committed (quota() waits for the lock)
 
     # -- access bookkeeping, batched -------------------------------------------------------
 

@@ -197,6 +197,26 @@ def test_quota_evicts_within_the_namespace(store, identity):
         store.set_quota("b", -1)
 
 
+def test_a_quota_set_after_puts_binds_the_next_put(store, identity):
+    # The writer reads a namespace's quota once and keeps it; a change must reach the next put,
+    # and a reader in another process (read_only) sees the file.
+    b = chain_pages(identity, list(range(32)), namespace="b")
+    store.put(b[:2], kv_pages(identity, 2, 2))  # quota read (none) and kept
+    per_page = store.stats().stored_bytes // 2
+    store.set_quota("b", int(per_page * 2.5))
+    r = store.put(b[2:4], kv_pages(identity, 2, 3))
+    assert set(r.failed) == {p.key for p in b[2:4]} and "quota" in r.failed[b[2].key]
+    store.set_quota("b", None)
+    assert store.put(b[2:4], kv_pages(identity, 2, 3)).ok
+    store.set_quota("b", per_page * 3)
+    reader = ChunkStore(store.root, identity, read_only=True)
+    try:
+        assert {n.namespace: n.quota_bytes for n in reader.stats().namespaces}["b"] == per_page * 3
+        assert reader.index.quota("b") == per_page * 3
+    finally:
+        reader.close()
+
+
 def test_a_put_never_evicts_the_prefix_it_extends(store, identity):
     b = chain_pages(identity, list(range(16)), namespace="b")
     store.put(b[:2], kv_pages(identity, 2, 2))
