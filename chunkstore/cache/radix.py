@@ -33,13 +33,13 @@ _MAX_TICK_SAMPLES = 86_400
 _now = time.monotonic  # (tests replace it)
 
 
-
 def _is_kept(node: RadixNode, t: int) -> bool:
     """Whether a lock keeps ``node``'s copy on tier index ``t`` from eviction. A lock keeps what its
     holder reads: the device copy, and the host copy only while the node has no device copy (a
     load-back in flight, a prefetch's anchor). Once on the device too, the host copy is a spare
     that host eviction may take (a load-back sets the device slots only after its copy landed)."""
     return node.lock_ref > 0 and node.holds(t) and (t == _DEVICE or node.device_slots is None)
+
 
 class RadixTree:
     """Radix tree of whole pages, one root per namespace; see docs/RADIX.md.
@@ -391,7 +391,7 @@ class RadixTree:
         if (previous is None) == (slots is None):
             node.set_slots(tier, slots)  # new slots for a copy it keeps: no counter changes
             return previous
-        self._count_locked(node, -1)  # a device copy coming or going decides whether a lock keeps the host copy
+        self._count_locked(node, -1)  # a device copy coming or going changes what a lock keeps on the host
         node.set_slots(tier, slots)
         self._count_locked(node, +1)
         t = tier.index
@@ -482,7 +482,8 @@ class RadixTree:
             self._prune(node)
             return num_node_pages, up
 
-        candidates = [n for n in self._candidates.of(t) if not _is_kept(n, t) and (is_selected is None or is_selected(n))]
+        candidates = [n for n in self._candidates.of(t)
+                      if not _is_kept(n, t) and (is_selected is None or is_selected(n))]
         return evict_by_priority(candidates, chosen, num_pages, is_candidate, evict_one)
 
     # ---- walking and counters --------------------------------------------------------------------

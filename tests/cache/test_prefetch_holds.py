@@ -16,8 +16,8 @@ import torch
 from chunkstore.cache.ops import PrefetchOp
 from chunkstore.cache.prefetch_holds import MAX_PENDING, NEXT_IN_LINE, PrefetchHolds
 from tests.cache.test_tiered import (
-    P, assert_consistent, bad_pages, keys_of, lookup, make_config, open_cache, persist_run, serve, settle, stalled_disk_reads,
-    toks,
+    P, assert_consistent, bad_pages, keys_of, lookup, make_config, open_cache, persist_run, serve, settle,
+    stalled_disk_reads, toks,
 )
 
 A, B, C = toks(1, 2, 3, 4), toks(5, 6, 7, 8), toks(9, 10, 11, 12)
