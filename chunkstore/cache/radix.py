@@ -391,9 +391,11 @@ class RadixTree:
         if (previous is None) == (slots is None):
             node.set_slots(tier, slots)  # new slots for a copy it keeps: no counter changes
             return previous
-        self._count_locked(node, -1)  # a device copy coming or going changes what a lock keeps on the host
+        if node.lock_ref:  # a device copy coming or going changes what a lock keeps on the host
+            self._count_locked(node, -1)
         node.set_slots(tier, slots)
-        self._count_locked(node, +1)
+        if node.lock_ref:
+            self._count_locked(node, +1)
         t = tier.index
         self._pages[t] += (1 if slots is not None else -1) * node.num_pages
         self._candidates.held_changed(node, t)

@@ -225,9 +225,9 @@ class TieredCache(CacheAdministration):
     def prefetch(self, token_ids: TokenIds, namespace: str = DEFAULT_NAMESPACE) -> int:
         """Start loading the on-disk part of a queued request's prefix into host memory; returns the
         pages this call started loading (0: nothing to do now, or a load already in flight). Does
-        not wait. The pages are kept for the
-        request (see prefetch_holds.py) and the request stays pending, prefetched for again after
-        later matches, until a match of its tokens. No-op without a disk tier."""
+        not wait. The pages are kept for the request (see prefetch_holds.py) and the request stays
+        pending, prefetched for again after later matches, until a match of its tokens. No-op
+        without a disk tier."""
         if self.store is None:
             return 0
         tokens = _as_tokens(token_ids)
