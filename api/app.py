@@ -8,7 +8,7 @@ does); middleware order, outermost first: Host check (400), body limit (413), he
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -29,14 +29,17 @@ from chunkstore.body_limit import BodyLimitMiddleware
 API_PREFIX = "/api/v1"
 
 
-def create_app(backend: AdminBackend, settings: AdminSettings | None = None) -> FastAPI:
+def create_app(backend: AdminBackend, settings: AdminSettings | None = None, *,
+               namespace_digests: Sequence[tuple[str, bytes]] = ()) -> FastAPI:
     """The admin API over ``backend`` (CacheBackend: a live cache; StoreBackend: a store on disk).
 
     Resolves the admin token now (from ``settings``, else the token file, generating it on first
-    start: see ``api.security``); the history sampler starts and stops with the app's lifespan.
-    Raises ValueError when no token can be had."""
+    start: see ``api.security``); ``namespace_digests`` are (namespace, SHA-256 of a token) pairs
+    that act as namespace tokens besides the settings' (`chunkstore serve` passes its tenants' API
+    keys); the history sampler starts and stops with the app's lifespan. Raises ValueError when no
+    token can be had, or the admin token is also a namespace's."""
     settings = settings if settings is not None else AdminSettings()
-    runtime = AdminRuntime(backend, settings)
+    runtime = AdminRuntime(backend, settings, namespace_digests)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,12 +84,13 @@ class PrefixRoute(BaseRoute):
         await self.app(scope, receive, send)
 
 
-def mount(parent: FastAPI, backend: AdminBackend, settings: AdminSettings | None = None) -> FastAPI:
+def mount(parent: FastAPI, backend: AdminBackend, settings: AdminSettings | None = None, *,
+          namespace_digests: Sequence[tuple[str, bytes]] = ()) -> FastAPI:
     """Serve the admin API inside ``parent`` (e.g. `chunkstore serve`'s app): requests under
     ``API_PREFIX`` go to the admin app (before parent's own routes), everything else stays parent's;
     the admin app's lifespan runs inside parent's (Starlette never runs a mounted app's own).
     Returns the admin app. Raises as ``create_app``."""
-    admin = create_app(backend, settings)
+    admin = create_app(backend, settings, namespace_digests=namespace_digests)
     parent.router.routes.insert(0, PrefixRoute(API_PREFIX, admin))
     outer = parent.router.lifespan_context
 

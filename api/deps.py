@@ -2,8 +2,8 @@
 
 Invariants: everything comes from ``app.state.admin`` (set once by ``create_app``); ``CallerDep``
 reads only the Authorization header (never cookies) and is cached per request; ``ReaderDep`` lets
-an anonymous caller read only while the API binds loopback; ``WriterDep`` always needs a token;
-``AdminDep`` refuses namespace tokens (403); routes that take a namespace confine a namespace
+an anonymous caller read only while the API binds loopback and no namespace has a token;
+``WriterDep`` always needs a token; ``AdminDep`` refuses namespace tokens (403); routes that take a namespace confine a namespace
 caller to its own through ``scoped_namespace`` / ``check_namespace``.
 """
 
@@ -18,7 +18,7 @@ from fastapi import Depends, Header, Request
 from api.backend.base import AdminBackend
 from api.errors import AdminError
 from api.runtime import AdminRuntime
-from api.security import Caller, Role
+from api.security import Caller, Role, is_loopback
 
 audit_log = logging.getLogger("chunkstore.api.audit")
 
@@ -58,8 +58,11 @@ def _token_hint(runtime: AdminRuntime) -> str:
 
 def require_reader(caller: CallerDep, runtime: RuntimeDep) -> Caller:
     if caller.role is Role.ANONYMOUS and runtime.reads_need_token:
-        raise AdminError.unauthorized(f"this API binds beyond loopback, so reads need a token too: "
-                                      f"{_token_hint(runtime)}")
+        why = [reason for reason, holds in (
+            ("this API binds beyond loopback", not is_loopback(runtime.settings.host)),
+            ("namespace tokens (or the server's API keys) are configured", runtime.token.ring.has_namespace_tokens))
+            if holds]
+        raise AdminError.unauthorized(f"{' and '.join(why)}, so reads need a token too: {_token_hint(runtime)}")
     return caller
 
 

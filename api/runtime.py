@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from api.backend.base import AdminBackend, BackendError
@@ -24,11 +25,15 @@ log = logging.getLogger(__name__)
 
 
 class AdminRuntime:
-    def __init__(self, backend: AdminBackend, settings: AdminSettings) -> None:
-        """Raises ValueError when no admin token can be had (see ``resolve_tokens``)."""
+    def __init__(self, backend: AdminBackend, settings: AdminSettings,
+                 namespace_digests: Sequence[tuple[str, bytes]] = ()) -> None:
+        """Raises ValueError when no admin token can be had, or the admin token is also a
+        namespace's (see ``resolve_tokens``)."""
         self.backend, self.settings = backend, settings
-        self.token: AdminToken = resolve_tokens(settings, backend.data_dir)
-        self.reads_need_token = not is_loopback(settings.host)
+        self.token: AdminToken = resolve_tokens(settings, backend.data_dir, namespace_digests)
+        # Loopback is not trust: a reverse proxy on this host forwards `Host: 127.0.0.1`. With
+        # tenants configured, anonymous reads would show one tenant's data to anybody.
+        self.reads_need_token = not is_loopback(settings.host) or self.token.ring.has_namespace_tokens
         self.allowed_hosts = allowed_host_names(settings)
         self.history = HistoryTable(settings.history_max_rows)
         self.sampler = HistorySampler(backend, self.history, settings.history_interval_s)

@@ -5,7 +5,9 @@ every known token without stopping early (the time tells neither which token mat
 of one); tokens are never logged or answered; a generated admin token is written once, with mode
 0600, by an exclusive create (two starting processes agree on one token); a namespace caller is
 confined to its namespace (403 elsewhere) and never sees cache-wide figures; an anonymous caller
-(no Authorization header) may only read, and only while the API binds loopback.
+(no Authorization header) may only read, and only while the API binds loopback and no namespace has a
+token of its own (tenants configured: every call needs a token); the admin token never equals a
+namespace's token, however either was given.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +77,25 @@ def _digest(token: str) -> bytes:
 
 
 class TokenRing:
-    """The admin token and the namespace tokens, as digests."""
+    """The admin token and the namespace tokens, as digests: the namespace tokens given to the API,
+    and ``namespace_digests``, (namespace, SHA-256 digest) pairs of tokens kept elsewhere (the API keys
+    of `chunkstore serve`'s tenants, so a tenant's key reads its own namespace here too). Raises
+    ValueError when the admin token is also a namespace's token."""
 
-    def __init__(self, admin_token: str, namespace_tokens: list[tuple[str, str]]) -> None:
-        self._entries = [(_digest(admin_token), Caller(Role.ADMIN))]
-        self._entries += [(_digest(token), Caller(Role.NAMESPACE, ns)) for ns, token in namespace_tokens]
+    def __init__(self, admin_token: str, namespace_tokens: list[tuple[str, str]],
+                 namespace_digests: Sequence[tuple[str, bytes]] = ()) -> None:
+        admin = _digest(admin_token)
+        scoped = [(_digest(token), ns) for ns, token in namespace_tokens] + [(d, ns) for ns, d in namespace_digests]
+        clash = [ns for digest, ns in scoped if hmac.compare_digest(digest, admin)]
+        if clash:
+            raise ValueError(f"the admin token is also the token (or API key) of namespace {clash[0]!r}: "
+                             f"give the admin a token of its own")
+        self._entries = [(admin, Caller(Role.ADMIN))] + [(digest, Caller(Role.NAMESPACE, ns)) for digest, ns in scoped]
+
+    @property
+    def has_namespace_tokens(self) -> bool:
+        """Whether any namespace (tenant) has a token: then every call needs one."""
+        return len(self._entries) > 1
 
     def identify(self, token: str) -> Caller | None:
         """The caller whose token this is, else None; constant time in the token's content."""
@@ -125,18 +142,23 @@ class AdminToken:
     path: Path | None  # the token file, when the token is kept in one
 
 
-def resolve_tokens(settings: AdminSettings, data_dir: Path | None) -> AdminToken:
+def resolve_tokens(settings: AdminSettings, data_dir: Path | None,
+                   namespace_digests: Sequence[tuple[str, bytes]] = ()) -> AdminToken:
     """The token ring: the admin token from the settings, else from (or generated into) the token
-    file (default ``<data_dir>/admin-token``). Raises ValueError when there is neither a token nor a
-    place for its file."""
+    file (default ``<data_dir>/admin-token``), with the settings' namespace tokens and
+    ``namespace_digests`` (see ``TokenRing``). Raises ValueError when there is neither a token nor a
+    place for its file, or when the admin token is also a namespace's token."""
     pairs = settings.namespace_token_pairs
     if settings.token is not None:
-        return AdminToken(TokenRing(settings.token.get_secret_value(), pairs), TokenSource.SETTINGS, None)
+        ring = TokenRing(settings.token.get_secret_value(), pairs, namespace_digests)
+        return AdminToken(ring, TokenSource.SETTINGS, None)
     path = settings.token_file or (data_dir / TOKEN_FILENAME if data_dir is not None else None)
     if path is None:
         raise ValueError("no admin token: set CHUNKSTORE_ADMIN_TOKEN (or --admin-token), or a token_file; "
                          "there is no data folder to keep a generated one in")
     token, created = load_or_create_token(Path(path))
-    if any(token == t for _, t in pairs):
-        raise ValueError("a namespace token equals the admin token")
-    return AdminToken(TokenRing(token, pairs), TokenSource.GENERATED if created else TokenSource.FILE, Path(path))
+    try:
+        ring = TokenRing(token, pairs, namespace_digests)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (the admin token is read from {path})") from None
+    return AdminToken(ring, TokenSource.GENERATED if created else TokenSource.FILE, Path(path))

@@ -21,6 +21,7 @@ from chunkstore.index import ChunkOrder, ChunkQuery, ChunkRow
 from api.backend.base import AdminBackend, NoDiskTierError
 from api.deps import BackendDep, ReaderDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
 from api.errors import ERROR_RESPONSES, AdminError
+from api.security import Role
 from api.schemas.chunks import ChunkDetail, ChunkFilePublic, ChunkPublic, ChunksPage
 from api.schemas.common import KEY_PATTERN, NAMESPACE_PATTERN, TierName
 
@@ -149,7 +150,8 @@ def _row(store, key: bytes) -> ChunkRow:
 @router.get("/{key}", response_model=ChunkDetail)
 def get_chunk(key: KeyPath, caller: ReaderDep, backend: BackendDep) -> ChunkDetail:
     """The chunk's index row, its file's header fields (the file is read and fully verified, not
-    changed: a bad file is reported, not quarantined), token ids and their text."""
+    changed: a bad file is reported, not quarantined), token ids and their text (to the admin token
+    and the namespace's own token only)."""
     k = bytes.fromhex(key)
     with backend.using_store() as store:
         row = _row(store, k)
@@ -157,7 +159,9 @@ def get_chunk(key: KeyPath, caller: ReaderDep, backend: BackendDep) -> ChunkDeta
         check = store.verify_file(k)
         num_children = len(store.index.child_keys(k))
         is_parent_stored = bool(store.index.present([row.parent_key]))
-    token_ids = list(check.header.token_ids) if check.header is not None else None
+    # A chunk's tokens are its tenant's prompt: only the admin token or the namespace's own shows them.
+    is_content_hidden = caller.role is Role.ANONYMOUS
+    token_ids = list(check.header.token_ids) if check.header is not None and not is_content_hidden else None
     text = None
     if token_ids is not None and backend.decode is not None:
         try:
@@ -166,7 +170,8 @@ def get_chunk(key: KeyPath, caller: ReaderDep, backend: BackendDep) -> ChunkDeta
             text = None
     base = ChunkPublic.of(row, _memory_keys(backend, row.namespace))
     return ChunkDetail(**base.model_dump(), file=ChunkFilePublic.of(check.status, check.size_bytes, check.header),
-                       token_ids=token_ids, text=text, num_children=num_children, is_parent_stored=is_parent_stored)
+                       token_ids=token_ids, text=text, is_content_hidden=is_content_hidden,
+                       num_children=num_children, is_parent_stored=is_parent_stored)
 
 
 def _set_pinned(request: Request, key: str, caller, backend: AdminBackend, pinned: bool) -> ChunkPublic:

@@ -77,7 +77,11 @@ class ChunkFilePublic(BaseModel):
 
 class ChunkDetail(ChunkPublic):
     file: ChunkFilePublic
-    token_ids: list[int] | None = Field(description="from the file's header; None when the file is unreadable")
-    text: str | None = Field(description="the tokens decoded, where the backend knows the tokenizer")
+    token_ids: list[int] | None = Field(description="from the file's header; None when the file is unreadable "
+                                                    "or the caller sent no token")
+    text: str | None = Field(description="the tokens decoded, where the backend knows the tokenizer (None "
+                                         "when token_ids is)")
+    is_content_hidden: bool = Field(description="true when the caller sent no token: a chunk's tokens are its "
+                                                "tenant's prompt, shown to the admin and namespace tokens only")
     num_children: int = Field(description="stored chunks that extend this one by a page")
     is_parent_stored: bool

@@ -45,7 +45,9 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     import api
     from api.webui import add_webui
 
+    # Each tenant's API key is also its namespace token there, so tenants read their own chunks.
     api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot),
-              api.AdminSettings(host=settings.host, port=settings.port))
+              api.AdminSettings(host=settings.host, port=settings.port),
+              namespace_digests=[(t.namespace, t.digest) for t in settings.tenants])
     add_webui(app)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
     return app

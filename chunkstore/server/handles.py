@@ -41,6 +41,11 @@ class InFlight:
         with self._lock:
             return list(self._handles)
 
+    def count(self, namespace: str | None = None) -> int:
+        """How many are in flight (of ``namespace`` only, when given)."""
+        with self._lock:
+            return sum(1 for h in self._handles if namespace is None or h.request.namespace == namespace)
+
     def cancel_all(self) -> int:
         """Ask the engine to end every request in flight (``abort``); returns how many."""
         handles = self.handles()

@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _serve(engine, settings, cache_config)
-    except BindError as exc:
+    except (BindError, _Exit) as exc:
         print(f"chunkstore serve: error: {exc}", file=sys.stderr)
         return 2
     finally:
@@ -109,7 +109,10 @@ def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     from chunkstore.server.app import create_app
     from chunkstore.server.lifecycle import bind, serve_until_signal
 
-    app = create_app(engine, settings)
+    try:
+        app = create_app(engine, settings)
+    except ValueError as exc:  # no admin token to be had, or it is also a tenant's key
+        raise _Exit(f"cannot start the management API: {exc}") from None
     sock = bind(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host

@@ -4,10 +4,11 @@ Invariants: /generate answers what SGLang's does (``text``, ``meta_info`` with `
 plus ``output_ids`` (the generated ids, so a client can build the next turn from ids: a random
 model's bytes are rarely valid UTF-8); a stream's events carry the text so far (cumulative, as
 SGLang streams it), the last one the whole ``meta_info`` and ``output_ids``, then ``[DONE]``.
-/flush_cache empties the memory tiers as SGLang's does (refused with 400 while requests are in flight),
-after writing them down to the disk tier, which keeps them (as SGLang's HiCache storage tier does);
-a page that cannot be written stays in memory, so nothing is lost. It needs the API key when keys
-are configured, like everything but /health.
+/flush_cache (POST only: it changes state) empties the memory tiers as SGLang's does (refused with 400
+while requests are in flight), after writing them down to the disk tier, which keeps them (as SGLang's
+HiCache storage tier does); a page that cannot be written stays in memory, so nothing is lost. It needs
+the API key when keys are configured, like everything but /health, and a tenant's flush empties only
+its own namespace's pages (and waits only for its own requests): tenants never touch each other's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from chunkstore.cache.admin import MemorySelection
 from chunkstore.engine import Request
 from chunkstore.server import sse
 from chunkstore.server.deps import CallerDep, EngineDep, InFlightDep, NamespaceHeader, ServedModelDep, authenticate
@@ -65,17 +67,20 @@ async def _generate_events(handle: AsyncHandle, rid: str, eos_ids: frozenset[int
     yield sse.event(final.dump())
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"], response_class=PlainTextResponse)
-async def flush_cache(engine: EngineDep, in_flight: InFlightDep) -> PlainTextResponse:
-    """Write the memory tiers down to disk, then empty them; 400 while requests are in flight."""
-    if len(in_flight):
+@router.post("/flush_cache", response_class=PlainTextResponse)
+async def flush_cache(engine: EngineDep, in_flight: InFlightDep, caller: CallerDep) -> PlainTextResponse:
+    """Write the memory tiers down to disk, then empty them (a tenant's call: only its namespace's
+    pages); 400 while requests (a tenant's: its own) are in flight."""
+    namespace = caller.tenant.namespace if caller.tenant is not None else None
+    if in_flight.count(namespace):
         return PlainTextResponse("Cache not flushed: requests are in flight; retry when they are done.\n",
                                  status_code=400)
-    flushed = await to_thread.run_sync(_flush_and_clear, engine)
+    flushed = await to_thread.run_sync(_flush_and_clear, engine, namespace)
     return PlainTextResponse(flushed)
 
 
-def _flush_and_clear(engine) -> str:
+def _flush_and_clear(engine, namespace: str | None) -> str:
+    """Write memory down, then drop it: every page, or (a tenant's flush) ``namespace``'s only."""
     lines = ["Cache flushed."]
     if engine.cache.store is None:
         lines.append("This server has no disk tier: nothing was written.")
@@ -83,7 +88,11 @@ def _flush_and_clear(engine) -> str:
         flushed = engine.flush()
         lines.append(f"{flushed.persisted_pages} pages on disk, {flushed.failed_pages} could not be written "
                      f"(those stay in memory).")
-    device, host = engine.cache.clear("device"), engine.cache.clear("host")
+    if namespace is None:
+        device, host = engine.cache.clear("device"), engine.cache.clear("host")
+    else:  # a tenant empties its own memory, never another tenant's
+        selection = MemorySelection(namespace=namespace)
+        device, host = (engine.cache.evict_selected(tier, selection).num_pages for tier in ("device", "host"))
     lines.append(f"{device} device and {host} host pages dropped from memory.")
     return "\n".join(lines) + "\n"
 

@@ -3,6 +3,7 @@ and caches in tmp_path; httpx clients with and without tokens."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ TENANT = "tenant-secret-token"  # a namespace token of "other"
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 15.0
 FAST = dict(history_interval_s=0.1, events_interval_s=0.05, events_max_s=5.0)
+OPEN_PATHS = {"/api/v1/healthz", "/api/v1/readyz"}  # probes: they say nothing about any tenant
 
 
 @contextmanager
@@ -50,6 +52,37 @@ def live_server(app) -> Iterator[str]:
         thread.join(STOP_TIMEOUT_S)
         sock.close()
         assert not thread.is_alive(), "uvicorn did not stop"
+
+
+def spec_calls(url: str, key: str) -> list[tuple[str, str]]:
+    """(method, concrete path) for every operation in the served spec, path parameters filled."""
+    spec = httpx.get(f"{url}/api/v1/openapi.json", timeout=30).json()
+    values = {"key": key, "namespace": "default", "job_id": "0" * 16}
+    calls = []
+    for template, operations in spec["paths"].items():
+        path = re.sub(r"\{(\w+)(:path)?\}", lambda m: values.get(m.group(1), m.group(0)), template)
+        assert "{" not in path, f"no value for a parameter of {template}: add it to `values`"
+        calls += [(method.upper(), path) for method in operations]
+    return calls
+
+
+def assert_every_route_needs_a_token(url: str, key: str, hidden: tuple[str, ...] = ()) -> None:
+    """Every operation of the served spec but the probes answers an anonymous call with 401,
+    showing none of the strings in ``hidden`` (namespaces, keys)."""
+    calls = spec_calls(url, key)
+    assert len(calls) >= 20  # the whole spec, not an empty one
+    opened = set()
+    with client(url, token=None) as anonymous:
+        for method, path in calls:
+            r = anonymous.request(method, path.removeprefix("/api/v1"), json={})
+            if path in OPEN_PATHS:
+                opened.add(path)
+                assert r.status_code in (200, 503), (method, path, r.text)
+                continue
+            assert r.status_code == 401, (method, path, r.status_code, r.text)
+            assert r.headers["www-authenticate"] == "Bearer"
+            assert not any(s in r.text for s in hidden), (method, path, r.text)
+    assert opened == OPEN_PATHS
 
 
 def client(url: str, token: str | None = ADMIN, **headers: str) -> httpx.Client:

@@ -47,12 +47,30 @@ def test_pin_needs_a_token(store_server):
         assert c.post(f"/chunks/{key}/unpin").status_code == 401
 
 
-def test_reads_on_loopback_need_no_token_but_reject_a_bad_one(store_server):
+def test_reads_on_loopback_without_tenants_need_no_token_but_reject_a_bad_one(tmp_path):
+    root = tmp_path / "store"
+    fill_store(root)
+    backend = StoreBackend(root)
+    try:
+        with live_server(create_app(backend, settings(namespace_tokens=()))) as url:
+            with client(url, token=None) as c:
+                for path in READS:
+                    assert c.get(path).status_code == 200, path
+                assert c.get("/config").json()["admin"]["reads_need_token"] is False
+            with client(url, token="wrong") as c:
+                assert c.get("/stats").status_code == 401
+    finally:
+        backend.close()
+
+
+def test_reads_on_loopback_with_tenants_need_a_token(store_server):
     with store_server.client(token=None) as c:
         for path in READS:
-            assert c.get(path).status_code == 200, path
-    with store_server.client(token="wrong") as c:
-        assert c.get("/stats").status_code == 401
+            r = c.get(path)
+            assert r.status_code == 401, path
+            assert "namespace tokens" in r.json()["error"]["message"]
+    with store_server.client() as c:
+        assert c.get("/config").json()["admin"]["reads_need_token"] is True
 
 
 def test_reads_need_a_token_beyond_loopback(tmp_path):

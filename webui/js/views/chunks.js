@@ -132,6 +132,9 @@ export function createChunks(section, ctx) {
       h("thead", {}, h("tr", {}, head)), h("tbody", {}, rows))));
   }
 
+  // A chunk's tokens are a tenant's prompt: the API shows them only to a token's holder.
+  const HIDDEN = "hidden: give the admin token (or this namespace's token) to see a chunk's tokens";
+
   /** A chunk's detail: GET /chunks/{key} for one on disk; a page held only in memory (``row`` from the
    * list, with no disk figures) has no file, token ids or text to show yet. */
   async function open(key, row = null) {
@@ -194,9 +197,11 @@ export function createChunks(section, ctx) {
         ["Checksum", file?.checksum ? h("code", {}, file.checksum) : "—"]], {class: "detail"}),
       h("h4", {}, `Token ids (${c.token_ids ? c.token_ids.length : 0})`),
       h("pre", {class: "tokens", id: "chunk-detail-tokens"}, c.token_ids ? c.token_ids.join(" ")
-        : isMemoryOnly ? "not on disk yet (the ids are read from the chunk file)" : "unreadable file"),
+        : isMemoryOnly ? "not on disk yet (the ids are read from the chunk file)"
+        : c.is_content_hidden ? HIDDEN : "unreadable file"),
       h("h4", {}, "Decoded text"),
-      h("pre", {class: "text", id: "chunk-detail-text"}, c.text ?? "not available (this backend has no tokenizer)"),
+      h("pre", {class: "text", id: "chunk-detail-text"}, c.text ??
+        (c.is_content_hidden ? HIDDEN : "not available (this backend has no tokenizer)")),
       h("div", {class: "buttons"}, isMemoryOnly ? null : pin,
         h("button", {type: "button", class: "secondary", onclick: () => { detail.hidden = true; }}, "Close")),
       h("fieldset", {}, h("legend", {}, "Evict this chunk"),
