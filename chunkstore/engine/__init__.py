@@ -9,14 +9,15 @@ from chunkstore.engine.engine import Engine, EngineConfig
 from chunkstore.engine.loader import LoadedModel, UnsupportedModelError, load_model
 from chunkstore.engine.presets import PRESETS, Preset
 from chunkstore.engine.request import (EngineClosedError, EngineError, FinishReason, GenerationResult,
-                                       PromptTooLongError, QueueFullError, Request, RequestHandle, TextDelta)
+                                       InvalidPromptError, PromptTooLongError, QueueFullError, Request, RequestHandle,
+                                       TextDelta)
 from chunkstore.engine.runner import ModelRunner, Sequence
 from chunkstore.engine.sampling import SamplingParams
 from chunkstore.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 __all__ = [
     "ByteTokenizer", "Engine", "EngineClosedError", "EngineConfig", "EngineError", "FinishReason",
-    "GenerationResult", "HFTokenizer", "LoadedModel", "ModelRunner", "PRESETS", "Preset", "PromptTooLongError",
+    "GenerationResult", "HFTokenizer", "InvalidPromptError", "LoadedModel", "ModelRunner", "PRESETS", "Preset", "PromptTooLongError",
     "QueueFullError", "Request", "RequestHandle", "SamplingParams", "Sequence", "TextDelta", "Tokenizer",
     "UnsupportedModelError", "load_model",
 ]

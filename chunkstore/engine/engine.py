@@ -3,7 +3,8 @@
 Invariants: only the scheduler thread runs the model and calls match / allocate_device / insert /
 release (the runner is not thread-safe); ``submit`` may run on any thread and calls the cache only
 for ``prefetch`` (thread-safe, never waits); the queue never holds more than ``max_queue_size``
-requests (a full queue refuses with QueueFullError, nothing else changes); a request that raises
+requests (a full queue refuses with QueueFullError at once, before any tokenizing, nothing else
+changes); a request's ``max_tokens`` is capped up front to the positions its prompt leaves; a request that raises
 is completed with its error and the thread goes on with the others; every submitted handle is
 completed, also at shutdown (running requests finish as ``abort``, queued ones fail with
 EngineClosedError).
@@ -25,8 +26,8 @@ from chunkstore.cache.stats import CacheStats
 from chunkstore.cache.tiered import FlushResult, TieredCache
 from chunkstore.engine.generation import Generation
 from chunkstore.engine.loader import LoadedModel
-from chunkstore.engine.request import (EngineClosedError, FinishReason, GenerationResult, PromptTooLongError,
-                                       QueueFullError, Request, RequestHandle)
+from chunkstore.engine.request import (EngineClosedError, FinishReason, GenerationResult, InvalidPromptError,
+                                       PromptTooLongError, QueueFullError, Request, RequestHandle)
 from chunkstore.engine.runner import ModelRunner
 from chunkstore.engine.serving_stats import ServingStats
 
@@ -60,7 +61,7 @@ def _token_ids(values, vocab_size: int) -> list[int]:
     except TypeError:
         ids = None
     if ids is None or len(ids) != len(values) or any(not 0 <= t < vocab_size for t in ids):
-        raise ValueError(f"token ids must be integers in [0, {vocab_size})")
+        raise InvalidPromptError(f"token ids must be integers in [0, {vocab_size})")
     return ids
 
 
@@ -95,24 +96,33 @@ class Engine:
         """Tokenize, check and queue ``request``; when requests are ahead of it, start prefetching
         its on-disk prefix into host memory (an idle engine loads it in ``match``).
 
-        Raises PromptTooLongError when the prompt exceeds the model's positions, ValueError for an
-        empty prompt or a token id outside the vocabulary, QueueFullError when the queue is full,
-        EngineClosedError after ``close``. Nothing is queued when it raises.
+        ``max_tokens`` beyond what the prompt leaves (the model's positions minus the prompt, plus
+        the one token the last position predicts) is capped to it: the generation would end there
+        with ``length`` anyway, and nothing is sized by the number asked.
+
+        Raises QueueFullError when the queue is full (checked first, so a refusal costs no
+        tokenizing), PromptTooLongError when the prompt exceeds the model's positions,
+        InvalidPromptError (a ValueError) for an empty prompt, a token id outside the vocabulary or
+        text that is not valid Unicode, EngineClosedError after ``close``. Nothing is queued when
+        it raises.
         """
+        if self.is_queue_full:
+            raise self.queue_full_error()
         prompt_ids = self._prompt_ids(request)
+        # The last position's logits give one token more (it is returned, never fed).
+        max_tokens = min(request.params.max_tokens, self.loaded.max_positions - len(prompt_ids) + 1)
         submitted_at_s = time.perf_counter()
         with self._submit_lock:
             if self._is_closing:
                 raise EngineClosedError("the engine is closed")
-            handle = RequestHandle(next(self._ids), request, prompt_ids)
+            handle = RequestHandle(next(self._ids), request, prompt_ids, max_tokens)
             handle.on_complete = self.serving.record_completed
             self.serving.record_accepted()  # before the put: the engine may complete it at once
             try:
                 self._queue.put_nowait((handle, submitted_at_s))
             except queue.Full:
                 self.serving.record_not_queued()
-                raise QueueFullError(f"the request queue is full ({self.config.max_queue_size} requests "
-                                     f"waiting); retry later") from None
+                raise self.queue_full_error() from None
         # Disk reads start now and overlap the requests ahead of this one; an engine with nothing
         # else to run waits for them at admission (see _admit), whatever the prefetch policy.
         try:
@@ -125,15 +135,23 @@ class Engine:
         """``submit(request).result(timeout_s)``."""
         return self.submit(request).result(timeout_s)
 
+    def queue_full_error(self) -> QueueFullError:
+        """The error ``submit`` raises when the queue is full (for callers that check first)."""
+        return QueueFullError(f"the request queue is full ({self.config.max_queue_size} requests waiting); "
+                              f"retry later")
+
     def _prompt_ids(self, request: Request) -> list[int]:
-        if request.prompt is not None:
-            ids = self.tokenizer.encode(request.prompt)
-        elif request.messages is not None:
-            ids = self.tokenizer.encode_chat(request.messages)
-        else:
-            ids = _token_ids(request.token_ids, self.tokenizer.vocab_size)
+        try:
+            if request.prompt is not None:
+                ids = self.tokenizer.encode(request.prompt)
+            elif request.messages is not None:
+                ids = self.tokenizer.encode_chat(request.messages)
+            else:
+                ids = _token_ids(request.token_ids, self.tokenizer.vocab_size)
+        except UnicodeError:  # a lone surrogate: no tokenizer can encode it
+            raise InvalidPromptError("the prompt is not valid Unicode text") from None
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidPromptError("the prompt is empty")
         limit = self.loaded.max_positions
         if len(ids) > limit:
             raise PromptTooLongError(f"the prompt has {len(ids)} tokens; the model allows at most {limit}")
@@ -142,6 +160,11 @@ class Engine:
     @property
     def num_queued(self) -> int:
         return self._queue.qsize()
+
+    @property
+    def is_queue_full(self) -> bool:
+        """Whether a submit now would be refused with QueueFullError (a hint: the queue moves)."""
+        return self._queue.full()
 
     @property
     def is_alive(self) -> bool:

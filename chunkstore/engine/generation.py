@@ -50,7 +50,7 @@ class Generation:
             return self.finish(FinishReason.ABORT)
         self.seq = self.runner.prefill(self.handle.prompt_ids, self.handle.request.namespace,
                                        wait_for_prefetch=self.wait_for_prefetch)
-        if self.params.max_tokens == 0:
+        if self.handle.max_tokens == 0:
             return self.finish(FinishReason.LENGTH)
         self._accept(self.sampler.sample(self.seq.logits))
 
@@ -80,7 +80,7 @@ class Generation:
         self.handle.put_delta(self.text.append(self._stream.push(token_id)), num_tokens=1)
         if self.text.is_stopped:
             return self.finish(FinishReason.STOP)
-        if len(self.output_ids) >= self.params.max_tokens or self.seq.num_tokens >= self.max_positions:
+        if len(self.output_ids) >= self.handle.max_tokens or self.seq.num_tokens >= self.max_positions:
             return self.finish(FinishReason.LENGTH)
         self._pending = token_id
 

@@ -45,7 +45,12 @@ class EngineClosedError(EngineError):
     """The engine is closed (or closing) and takes no more requests."""
 
 
-class PromptTooLongError(ValueError):
+class InvalidPromptError(ValueError):
+    """The request's prompt cannot be served (empty, a token id outside the vocabulary, text that
+    is not valid Unicode); its message is meant for the client."""
+
+
+class PromptTooLongError(InvalidPromptError):
     """The prompt does not fit in the model's positions."""
 
 
@@ -111,10 +116,12 @@ class RequestHandle:
     """The caller's side of a submitted request: ``result()`` blocks until it is finished;
     iterating yields text deltas as they are generated (then stops; ``result()`` has the rest)."""
 
-    def __init__(self, request_id: int, request: Request, prompt_ids: list[int]) -> None:
+    def __init__(self, request_id: int, request: Request, prompt_ids: list[int], max_tokens: int | None = None) -> None:
         self.request_id = request_id
         self.request = request
         self.prompt_ids = prompt_ids
+        # The tokens it may generate: its params' max_tokens, capped by the engine to what fits.
+        self.max_tokens = request.params.max_tokens if max_tokens is None else max_tokens
         self._deltas: queue.SimpleQueue = queue.SimpleQueue()
         self._pending_tokens = 0  # engine thread only: tokens not yet streamed with a text
         self._done = threading.Event()

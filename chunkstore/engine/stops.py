@@ -3,7 +3,10 @@
 Invariants: ``text`` never contains a stop string (it ends where the earliest one began); the
 deltas returned by ``append`` and ``finish``, concatenated, equal ``text``; nothing is emitted
 that a later stop string could still cut off (a tail that is a prefix of a stop string is held
-back until it is decided).
+back until it is decided); the work per appended delta is O(number of stops x (longest stop +
+delta)), never a rescan of the text: a stop can only end in the new text, and the held-back tail
+can only start at or after the first character not yet emitted (an emitted position began no stop
+string, and no later text can make it begin one).
 """
 
 from __future__ import annotations
@@ -41,11 +44,12 @@ class OutputText:
         return self._emit(len(self.text))
 
     def _held_back(self) -> int:
-        """Length of the longest tail of ``text`` that begins some stop string."""
-        for n in range(min(self._longest_stop - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.stop):
-                return n
+        """Length of the longest tail of ``text`` that begins some stop string. The positions
+        checked start at the first one not emitted; those that fail are emitted by the caller, so
+        each is checked at most once more than the tokens it stays held back for."""
+        for start in range(max(self._emitted, len(self.text) - self._longest_stop + 1), len(self.text)):
+            if any(s.startswith(self.text[start:]) for s in self.stop):
+                return len(self.text) - start
         return 0
 
     def _emit(self, end: int) -> str:

@@ -2,7 +2,10 @@
 
 Invariants: every error response, whichever API or layer it comes from (a route, request validation,
 an unknown route, the body limit), has this shape and a 4xx/5xx status; engine errors map to one
-status each (queue full 429, prompt too long 400, shutting down 503); nothing here depends on a route.
+status each (queue full 429 with ``Retry-After``, prompt too long 400, shutting down 503); only our
+own messages reach a client: an unexpected exception (a bug, a torch error) is logged with its
+traceback and answered with a generic 500; the OpenAPI spec documents these answers (400, never
+FastAPI's 422) with their schema; nothing here depends on a route.
 """
 
 from __future__ import annotations
@@ -11,14 +14,17 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from chunkstore.engine.request import EngineClosedError, PromptTooLongError, QueueFullError
+from chunkstore.engine.request import EngineClosedError, InvalidPromptError, PromptTooLongError, QueueFullError
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
@@ -60,13 +66,42 @@ class ApiError(Exception):
         if isinstance(exc, EngineClosedError):
             return cls(503, "the server is shutting down; retry later", code="shutting_down")
         if is_submit and isinstance(exc, QueueFullError):
-            return cls(429, str(exc), code="queue_full", headers={"Retry-After": "1"})
+            return cls.queue_full(str(exc))
         if is_submit and isinstance(exc, PromptTooLongError):
             return cls(400, str(exc), code="context_length_exceeded", param="prompt")
-        if is_submit and isinstance(exc, ValueError):  # the engine's checks: empty prompt, ids out of range
+        if is_submit and isinstance(exc, InvalidPromptError):  # the engine's checks: empty prompt, ids out of range
             return cls.bad_request(str(exc), param="prompt")
-        log.error("request failed: %r", exc)
-        return cls(500, f"generation failed: {type(exc).__name__}: {exc}", code="internal_error")
+        # Anything else is a bug or a failure inside (torch, the cache): its text is for the log only.
+        log.error("request failed", exc_info=exc)
+        return cls(500, "generation failed: internal error (see the server's log)", code="internal_error")
+
+    @classmethod
+    def queue_full(cls, message: str) -> "ApiError":
+        return cls(429, message, code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str | None
+    param: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error's body (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+_WHEN = {400: "invalid request (the message says why; `param` names the field)",
+         401: "missing or invalid API key (when keys are configured)",
+         404: "unknown model or path", 405: "method not allowed", 413: "request body too large",
+         429: "the request queue is full (see Retry-After)", 503: "the server is shutting down"}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for these error statuses, with the error schema."""
+    return {status: {"model": ErrorResponse, "description": _WHEN[status]} for status in statuses}
 
 
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None, str]:
@@ -106,9 +141,28 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body("internal server error", status=500, code="internal_error"), status_code=500)
 
 
+def _without_422(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without FastAPI's default 422 answers: validation errors are answered 400 here."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.get("responses", {}).pop("422", None)
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return schema
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Make every error ``app`` answers OpenAI-shaped."""
+    """Make every error ``app`` answers OpenAI-shaped, and its OpenAPI spec say so."""
     app.add_exception_handler(ApiError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)
+    build_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _without_422(build_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -5,7 +5,9 @@ thread that moves its text deltas onto the loop in order and then exactly one ou
 the error), also when nobody listens any more (a closed loop drops them); a request is in InFlight
 from its submit until the engine has completed it, so a shutdown can cancel every one still running;
 a handle whose caller went away is cancelled (the engine ends it as ``abort`` at its next step).
-Threads: at most one pump per request the engine holds (bounded by its queue and running limits).
+Threads: at most one pump per request the engine holds (bounded by its queue and running limits);
+a request that finds the engine's queue full is refused (429) on the loop, without waiting for a
+worker thread, so a flood of refused requests never delays the refusal of the next one.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class AsyncHandle:
     async def submit(cls, engine: Engine, request: Request, in_flight: InFlight) -> "AsyncHandle":
         """Submit on a worker thread (tokenizing a long prompt must not stall the loop). Raises
         ApiError for what the engine refuses (400, 429, 503)."""
+        if engine.is_queue_full:  # at once: worker threads may all be busy tokenizing other prompts
+            raise ApiError.from_engine(engine.queue_full_error(), is_submit=True)
         try:
             handle = await to_thread.run_sync(engine.submit, request)
         except Exception as exc:

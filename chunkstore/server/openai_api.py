@@ -4,7 +4,8 @@ Invariants: a request is checked (body, model, namespace) before anything is sub
 engine refuses is answered with its 4xx before a stream starts, so a stream's status is 200 only
 for a request the engine took; a stream ends with a chunk carrying ``finish_reason``, then (with
 ``stream_options.include_usage``) a usage chunk with no choices, then ``[DONE]``; with
-``include_usage`` every other chunk carries ``"usage": null``, as OpenAI's do.
+``include_usage`` every other chunk carries ``"usage": null``, as OpenAI's do; the OpenAPI spec
+documents every status a route answers (errors.error_responses) and the stream's content type.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from chunkstore.engine import GenerationResult, Request, SamplingParams
 from chunkstore.server import sse
 from chunkstore.server.deps import (CallerDep, EngineDep, InFlightDep, NamespaceHeader, ServedModel, ServedModelDep,
                                     authenticate)
-from chunkstore.server.errors import ApiError
+from chunkstore.server.errors import ApiError, error_responses
 from chunkstore.server.handles import AsyncHandle
 from chunkstore.server.openai_schemas import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                               ChatCompletionResponse, ChatDelta, ChatMessageOut, CompletionChoice,
@@ -28,19 +29,21 @@ from chunkstore.server.openai_schemas import (ChatChoice, ChatChunkChoice, ChatC
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(authenticate)])
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# A generation's answers besides its JSON 200: server-sent events, and the errors it can get.
+GENERATION_RESPONSES = {200: sse.OPENAPI_RESPONSE, **error_responses(400, 401, 404, 413, 429, 503)}
 
 
 def _card(served: ServedModel) -> ModelCard:
     return ModelCard(id=served.name, created=served.created, max_model_len=served.max_positions)
 
 
-@router.get("/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, responses=error_responses(401))
 async def list_models(served: ServedModelDep) -> ModelList:
     """The one model this server runs."""
     return ModelList(data=[_card(served)])
 
 
-@router.get("/models/{model_name:path}", response_model=ModelCard)
+@router.get("/models/{model_name:path}", response_model=ModelCard, responses=error_responses(401, 404))
 async def get_model(model_name: str, served: ServedModelDep) -> ModelCard:
     served.check(model_name)
     return _card(served)
@@ -57,7 +60,7 @@ def _ids(prefix: str) -> tuple[str, int]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time())
 
 
-@router.post("/completions", response_model=CompletionResponse)
+@router.post("/completions", response_model=CompletionResponse, responses=GENERATION_RESPONSES)
 async def create_completion(body: CompletionRequest, engine: EngineDep, served: ServedModelDep, caller: CallerDep,
                             in_flight: InFlightDep, namespace: NamespaceHeader = None):
     """Text completion of ``prompt`` (text or token ids); SSE chunks with ``stream``."""
@@ -92,7 +95,7 @@ async def _completion_events(handle: AsyncHandle, body: CompletionRequest, serve
                                            usage=Usage.of(result)).model_dump())
 
 
-@router.post("/chat/completions", response_model=ChatCompletionResponse)
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, engine: EngineDep, served: ServedModelDep,
                                  caller: CallerDep, in_flight: InFlightDep, namespace: NamespaceHeader = None):
     """The assistant's reply to ``messages`` (rendered with the model's chat template); SSE chunks

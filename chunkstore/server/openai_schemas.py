@@ -4,16 +4,19 @@ Invariants: a request body that validates can be served exactly as asked: every 
 cannot honour is refused (400 naming it) unless it has its neutral value (``n`` 1, no logprobs, no
 penalties, no tools, ...); unknown fields are ignored, as OpenAI-compatible servers do; ``usage``
 always carries ``prompt_tokens_details.cached_tokens`` and, as an extension, where the cached tokens
-were found (``cached_tokens_details``: device, host, disk; they sum to ``cached_tokens``).
+were found (``cached_tokens_details``: device, host, disk; they sum to ``cached_tokens``); every
+request model is a ``RequestBody`` (request_fields.py: strings that encode, bounded stop lists).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_serializer, field_validator
+from pydantic import BaseModel, Field, StrictInt, ValidationInfo, field_serializer, field_validator
 
 from chunkstore.engine import GenerationResult, SamplingParams
+from chunkstore.engine.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from chunkstore.server.request_fields import RequestBody, non_empty_prompt, stop_list
 
 MAX_SEED = 2**63 - 1
 
@@ -33,22 +36,20 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class StreamOptions(RequestBody):
     include_usage: bool = False
 
 
-class _GenerationBody(BaseModel):
+class _GenerationBody(RequestBody):
     """What completions and chat completions share."""
 
-    model_config = ConfigDict(extra="ignore")
-
     model: str | None = Field(None, description="the served model's name (GET /v1/models); optional")
-    max_tokens: int | None = Field(None, ge=0, description="tokens to generate at most")
-    temperature: float | None = Field(None, ge=0, le=2, description="0 = greedy (default 1)")
+    max_tokens: int | None = Field(None, ge=0, description="tokens to generate at most (capped to what the "
+                                                           "model's positions leave after the prompt)")
+    temperature: float | None = Field(None, ge=0, le=2, description="below 1e-5 (0 included) = greedy (default 1)")
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass (default 1)")
-    stop: str | list[str] = Field([], description="strings that end the generation (not returned)")
+    stop: str | list[str] = Field([], description=f"strings that end the generation (not returned): at most "
+                                                  f"{MAX_STOP_STRINGS}, each 1-{MAX_STOP_CHARS} characters")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="makes sampling reproducible")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -72,18 +73,20 @@ class _GenerationBody(BaseModel):
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _stop_strings(cls, value: str | list[str]) -> list[str]:
-        stops = [value] if isinstance(value, str) else value if value is not None else []
-        if isinstance(stops, list) and any(s == "" for s in stops):
-            raise ValueError("stop strings must not be empty")
-        return stops
+    def _stop_strings(cls, value: Any) -> Any:
+        return stop_list(value)
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def requested_max_tokens(self) -> int | None:
+        """The ``max_tokens`` the body asks for (None: not given)."""
+        return self.max_tokens
+
     def sampling_params(self, *, default_max_tokens: int) -> SamplingParams:
-        max_tokens = self.max_tokens if self.max_tokens is not None else default_max_tokens
+        requested = self.requested_max_tokens()
+        max_tokens = requested if requested is not None else default_max_tokens
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop),
                               seed=self.seed, ignore_eos=self.ignore_eos)
@@ -106,11 +109,14 @@ class CompletionRequest(_GenerationBody):
             return value[0]
         return value
 
+    @field_validator("prompt", mode="after")
+    @classmethod
+    def _some_prompt(cls, value: str | list[int]) -> str | list[int]:
+        return non_empty_prompt(value)
 
-class ChatMessage(BaseModel):
+
+class ChatMessage(RequestBody):
     """One message; ``content`` is text, or a list of text parts (joined)."""
-
-    model_config = ConfigDict(extra="ignore")
 
     role: str = Field(min_length=1)
     content: str | None = None
@@ -149,11 +155,8 @@ class ChatCompletionRequest(_GenerationBody):
     def engine_messages(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.content or ""} for m in self.messages]
 
-    def sampling_params(self, *, default_max_tokens: int) -> SamplingParams:
-        if self.max_completion_tokens is not None:
-            return self.model_copy(update={"max_tokens": self.max_completion_tokens}).sampling_params(
-                default_max_tokens=default_max_tokens)
-        return super().sampling_params(default_max_tokens=default_max_tokens)
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
 # ---- responses ------------------------------------------------------------------------------------

@@ -24,14 +24,15 @@ from chunkstore.cache.admin import MemorySelection
 from chunkstore.engine import Request
 from chunkstore.server import sse
 from chunkstore.server.deps import CallerDep, EngineDep, InFlightDep, NamespaceHeader, ServedModelDep, authenticate
-from chunkstore.server.errors import ApiError
+from chunkstore.server.errors import ApiError, error_responses
 from chunkstore.server.handles import AsyncHandle
 from chunkstore.server.sglang_schemas import GenerateRequest, GenerateResponse, MetaInfo, ModelInfo
 
 router = APIRouter(tags=["sglang"], dependencies=[Depends(authenticate)])
 
 
-@router.post("/generate", responses={200: {"model": GenerateResponse}})
+@router.post("/generate", responses={200: {"model": GenerateResponse, **sse.OPENAPI_RESPONSE},
+                                     **error_responses(400, 401, 413, 429, 503)})
 async def generate(body: GenerateRequest, engine: EngineDep, caller: CallerDep, in_flight: InFlightDep,
                    namespace: NamespaceHeader = None):
     """Generate from ``text`` or ``input_ids`` with SGLang's ``sampling_params``; SSE with ``stream``."""
@@ -67,7 +68,13 @@ async def _generate_events(handle: AsyncHandle, rid: str, eos_ids: frozenset[int
     yield sse.event(final.dump())
 
 
-@router.post("/flush_cache", response_class=PlainTextResponse)
+_PLAIN_TEXT = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+@router.post("/flush_cache", response_class=PlainTextResponse,
+             responses={200: {"description": "flushed: what went to disk and what left memory", **_PLAIN_TEXT},
+                        400: {"description": "not flushed: requests are in flight (as SGLang answers)", **_PLAIN_TEXT},
+                        **error_responses(401)})
 async def flush_cache(engine: EngineDep, in_flight: InFlightDep, caller: CallerDep) -> PlainTextResponse:
     """Write the memory tiers down to disk, then empty them (a tenant's call: only its namespace's
     pages); 400 while requests (a tenant's: its own) are in flight."""
@@ -97,7 +104,7 @@ def _flush_and_clear(engine, namespace: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-@router.get("/get_model_info", response_model=ModelInfo)
+@router.get("/get_model_info", response_model=ModelInfo, responses=error_responses(401))
 async def get_model_info(served: ServedModelDep) -> ModelInfo:
     return ModelInfo(model_path=served.path, tokenizer_path=served.path, served_model_name=served.name,
                      model_id=served.model_id, max_positions=served.max_positions, page_size=served.page_size)

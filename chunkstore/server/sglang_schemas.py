@@ -3,7 +3,9 @@
 Invariants: the names are SGLang's (``max_new_tokens``, ``sampling_seed``, ``meta_info``, a
 ``finish_reason`` object with a ``type``), so tools written for SGLang servers run unchanged;
 parameters the engine cannot honour are refused (400 naming them) unless neutral; unknown fields
-are ignored; ``meta_info.cached_tokens_details`` (device, host, disk) sums to ``cached_tokens``.
+are ignored; ``meta_info.cached_tokens_details`` (device, host, disk) sums to ``cached_tokens``;
+request models are ``RequestBody``s (request_fields.py: strings that encode, bounded stop lists)
+and ``rid``, echoed in every event of a stream, is at most ``MAX_RID_CHARS`` characters.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictInt, Val
                       model_validator)
 
 from chunkstore.engine import FinishReason, GenerationResult, SamplingParams
+from chunkstore.engine.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TEMPERATURE
 from chunkstore.server.openai_schemas import MAX_SEED, CachedTokensDetails
+from chunkstore.server.request_fields import RequestBody, non_empty_prompt, stop_list
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+MAX_RID_CHARS = 256  # a rid is echoed in every event of a stream
 
 _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "n": ((1,), "only n=1 is supported"),
@@ -44,15 +49,17 @@ def _neutral(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-class GenerateSamplingParams(BaseModel):
+class GenerateSamplingParams(RequestBody):
     """SGLang's ``sampling_params``."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    max_new_tokens: int = Field(SGLANG_DEFAULT_MAX_NEW_TOKENS, ge=0)
-    temperature: float = Field(1.0, ge=0, description="0 = greedy")
+    max_new_tokens: int = Field(SGLANG_DEFAULT_MAX_NEW_TOKENS, ge=0,
+                                description="capped to what the model's positions leave after the prompt")
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE, description="below 1e-5 (0 included) = greedy")
     top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] = []
+    stop: str | list[str] = Field([], description=f"at most {MAX_STOP_STRINGS} strings, each 1-{MAX_STOP_CHARS} "
+                                                  f"characters")
     ignore_eos: bool = False
     sampling_seed: int | None = Field(None, ge=0, le=MAX_SEED, validation_alias=AliasChoices("sampling_seed", "seed"))
     n: int = 1
@@ -76,11 +83,8 @@ class GenerateSamplingParams(BaseModel):
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _stop_strings(cls, value: str | list[str]) -> list[str]:
-        stops = [value] if isinstance(value, str) else value if value is not None else []
-        if isinstance(stops, list) and any(s == "" for s in stops):
-            raise ValueError("stop strings must not be empty")
-        return stops
+    def _stop_strings(cls, value: Any) -> Any:
+        return stop_list(value)
 
     def engine_params(self) -> SamplingParams:
         """Raises ValueError for what the engine refuses (e.g. temperature above 100)."""
@@ -97,16 +101,15 @@ def _single(value: Any, name: str) -> Any:
     return value
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(RequestBody):
     """POST /generate: exactly one of ``text`` and ``input_ids``."""
-
-    model_config = ConfigDict(extra="ignore")
 
     text: str | None = None
     input_ids: list[StrictInt] | None = None
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     stream: bool = False
-    rid: str | None = Field(None, description="request id echoed as meta_info.id (default: a fresh one)")
+    rid: str | None = Field(None, max_length=MAX_RID_CHARS,
+                            description="request id echoed as meta_info.id (default: a fresh one)")
     return_logprob: bool | None = None
     image_data: Any = None
     lora_path: Any = None
@@ -125,6 +128,11 @@ class GenerateRequest(BaseModel):
     @classmethod
     def _one_input(cls, value: Any) -> Any:
         return _single(value, "input_ids list")
+
+    @field_validator("text", "input_ids", mode="after")
+    @classmethod
+    def _some_prompt(cls, value: Any) -> Any:
+        return non_empty_prompt(value)
 
     @field_validator("sampling_params", mode="before")
     @classmethod

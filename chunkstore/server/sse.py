@@ -19,6 +19,12 @@ from chunkstore.server.handles import AsyncHandle
 log = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
+# The OpenAPI description of a streamed 200: each event's `data` is a JSON chunk, the last `[DONE]`.
+OPENAPI_RESPONSE = {
+    "description": "the answer; with `stream`, server-sent events",
+    "content": {"text/event-stream": {"schema": {
+        "type": "object", "required": ["data"],
+        "properties": {"data": {"type": "string", "description": "a JSON chunk; the last event is [DONE]"}}}}}}
 
 
 def event(payload: dict) -> str:

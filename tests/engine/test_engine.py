@@ -237,3 +237,16 @@ def test_model_folder_generates_and_hits(tmp_path):
         a = engine.generate(Request(messages=chat, params=GREEDY))
         b = engine.generate(Request(messages=chat, params=GREEDY))
     assert a.text == b.text and b.cached_tokens > 0
+
+
+def test_max_tokens_is_capped_to_the_context_and_bad_text_is_an_invalid_prompt(engine, tiny):
+    from chunkstore.engine import InvalidPromptError
+    prompt = [65] * (tiny.max_positions - 2)
+    handle = engine.submit(Request(token_ids=prompt, params=SamplingParams(max_tokens=10**12, ignore_eos=True)))
+    assert handle.max_tokens == 3  # two positions left, and the last one predicts a token more
+    result = handle.result(60)
+    assert result.completion_tokens == 3 and result.finish_reason is FinishReason.LENGTH
+    with pytest.raises(InvalidPromptError, match="not valid Unicode"):
+        engine.submit(Request(prompt="a\ud800"))
+    with pytest.raises(InvalidPromptError, match="empty"):
+        engine.submit(Request(token_ids=[]))

@@ -80,3 +80,53 @@ def test_stop_spanning_many_deltas_and_no_stops():
     assert "".join(feed(out, ["one\n", "\ntwo"])) == "one" and out.is_stopped
     plain = OutputText()
     assert feed(plain, ["a", "b"]) == ["a", "b", ""]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1e-5, seed=1), SamplingParams(temperature=100.0, seed=1),
+    SamplingParams(temperature=1.0, top_p=5e-324, seed=1), SamplingParams(temperature=1e-5, top_p=1e-300, seed=1),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_no_temperature_or_top_p_in_range_gives_nan(params, dtype):
+    logits = (torch.arange(259, dtype=torch.float32) * 60.0 - 8000.0).to(dtype)  # wide, as fp16 logits get
+    token = Sampler(params, CPU).sample(logits)
+    assert 0 <= token < 259
+
+
+def test_a_temperature_below_the_epsilon_is_greedy():
+    assert SamplingParams(temperature=5e-324).is_greedy and SamplingParams(temperature=9.9e-6).is_greedy
+    assert not SamplingParams(temperature=1e-5).is_greedy
+    logits = torch.tensor([0.0, 3.0, 1.0])
+    assert Sampler(SamplingParams(temperature=1e-39, seed=5), CPU).sample(logits) == 1
+
+
+def test_stop_lists_are_bounded():
+    from chunkstore.engine.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
+    SamplingParams(stop=["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS)
+    with pytest.raises(ValueError, match="stop strings"):
+        SamplingParams(stop=["x"] * (MAX_STOP_STRINGS + 1))
+    with pytest.raises(ValueError, match=f"at most {MAX_STOP_CHARS}"):
+        SamplingParams(stop=["x" * (MAX_STOP_CHARS + 1)])
+
+
+def _reference(stops: list[str], deltas: list[str]) -> tuple[str, bool]:
+    text = "".join(deltas)
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def test_stop_matching_equals_a_full_rescan():
+    import random
+    rng = random.Random(3)
+    for _ in range(300):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
+        deltas = ["".join(rng.choice("abc") for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(1, 12))]
+        out, streamed, fed = OutputText(stops), [], []
+        for d in deltas:
+            fed.append(d)
+            streamed.append(out.append(d))
+            if out.is_stopped:
+                break
+        streamed.append(out.finish())
+        assert (out.text, out.is_stopped) == _reference(stops, fed), (stops, fed)
+        assert "".join(streamed) == out.text

@@ -108,7 +108,8 @@ def test_flush_cache_writes_down_then_empties_memory(served):
     assert again["output_ids"] == first["output_ids"]
     details = again["meta_info"]["cached_tokens_details"]
     assert details["disk"] > 0 and details["device"] == 0
-    assert served.client.get("/flush_cache").status_code == 200  # SGLang takes GET too
+    refused = served.client.get("/flush_cache")  # it changes state: POST only (SGLang's tools send POST)
+    assert refused.status_code == 405 and refused.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_flush_cache_refused_while_a_request_is_in_flight(served):
