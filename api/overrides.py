@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from chunkstore.files import PRIVATE_FILE_MODE, make_private, write_private_file
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,7 @@ class SettingsFile:
         """The kept settings; {} when there is no file, or (logged) when it cannot be read."""
         if self.path is None or not self.path.is_file():
             return {}
+        make_private(self.path, PRIVATE_FILE_MODE)  # a file kept before it was written 0600
         try:
             data = json.loads(self.path.read_text())
             if not isinstance(data, dict) or data.get("version") != _VERSION or not isinstance(data.get("settings"),
@@ -56,19 +57,4 @@ class SettingsFile:
         if self.path is None:
             raise PermissionError("no data folder to keep settings in (no disk tier)")
         body = json.dumps({"version": _VERSION, "settings": settings}, indent=2, sort_keys=True) + "\n"
-        tmp = self.path.with_name(f".{FILE_NAME}.{secrets.token_hex(6)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_private_file(self.path, body.encode())

@@ -137,8 +137,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         with _progress(store.index.count(), "verify") as bar:
             report = verify(store, repair=args.repair, progress=bar.update)
     _emit(args, report, lambda r: [f"{f.name:14} {getattr(r, f.name)}" for f in dataclasses.fields(r)])
-    problems = report.corrupt + report.missing
-    return 0 if args.repair or problems == 0 else 1
+    # Orphan and temp files are damage too (what a crash leaves); --repair fixes what it finds.
+    return 0 if args.repair or report.damage == 0 else 1
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
@@ -175,11 +175,12 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy import create_engine
 
     from chunkstore import migrations
-    from chunkstore.index import DB_FILENAME
+    from chunkstore.index import DB_FILENAME, prepare_db_files
 
     root = Path(args.disk_path)
     if not root.is_dir():
         raise CliError(f"no chunk store at {root}")
+    prepare_db_files(root)  # SQLite would create the index (and its WAL) 0644
     engine = create_engine(f"sqlite:///{root / DB_FILENAME}")
     try:
         with engine.begin() as conn:

@@ -4,15 +4,20 @@ Invariants: a chunk path holds a complete file or nothing (temp file in tmp/, wr
 durability setting, rename, fsync the folder); a failed write leaves no file at the chunk path
 and no temp file behind; files are write-once. Temp files live in one tmp/ folder on the same
 file system so that crash cleanup lists one folder instead of scanning the fan-out tree.
+Files are private: every file this module creates is 0600 from the moment it exists (created with
+that mode by ``os.open``, never chmod-ed after) and every folder 0700, whatever the umask; chunk
+headers hold token ids, which with a byte tokenizer are the prompt's bytes.
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import mmap
 import os
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,8 +26,13 @@ from pathlib import Path
 
 from chunkstore.choices import Choice
 
+log = logging.getLogger(__name__)
+
 CHUNK_SUFFIX = ".kv"
 TMP_PREFIX = "tmp-"
+# umask can only clear bits, so creating with these modes never yields more than them.
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
 
 
 class Durability(Choice):
@@ -79,6 +89,87 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_private(path: Path, mode: int) -> bool:
+    """chmod ``path`` to ``mode`` if it exists with another one; returns whether it changed.
+    A file we may not chmod (another owner) is logged and left: privacy is best effort there,
+    and refusing to open the store would be worse."""
+    try:
+        if os.stat(path).st_mode & 0o7777 == mode:  # chmod follows a symlink: so does the check
+            return False
+        os.chmod(path, mode)
+        return True
+    except FileNotFoundError:
+        return False
+    except PermissionError as exc:
+        log.warning("cannot make %s private (mode %o): %s", path, mode, exc)
+        return False
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` (and missing parents, with default modes: they are not ours) as a 0700
+    folder, or make the existing one 0700."""
+    Path(path).mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+    make_private(path, PRIVATE_DIR_MODE)
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a 0600 temp file in the same folder, write,
+    fsync, rename, fsync the folder. A crash leaves the old file or the new one (and maybe the
+    temp file); an error leaves no temp file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _os_write(fd: int, data: memoryview) -> int:
+    return os.write(fd, data)  # looked up at each call, so a patched os.write applies too
+
+
+class _PrivateWalk:
+    """One walk of ``ChunkFiles.make_tree_private``: chmods without a stat first (one system call
+    per entry; most need the change), and warns once, not once per file, about files it may not
+    chmod."""
+
+    def __init__(self) -> None:
+        self.changed = 0
+        self._warned = False
+
+    def folder(self, path: Path | str) -> None:
+        try:
+            it = os.scandir(path)
+        except FileNotFoundError:
+            return
+        with it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    self._chmod(entry.path, PRIVATE_DIR_MODE)
+                    self.folder(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    self._chmod(entry.path, PRIVATE_FILE_MODE)
+
+    def _chmod(self, path: str, mode: int) -> None:
+        try:
+            os.chmod(path, mode)
+        except FileNotFoundError:  # removed meanwhile
+            return
+        except PermissionError as exc:
+            if not self._warned:
+                log.warning("cannot make the files under %s private: %s", Path(path).parent, exc)
+                self._warned = True
+            return
+        self.changed += 1
+
+
 class ChunkFiles:
     """The files of one store under ``root``: chunks/ab/cd/<key hex>.kv, tmp/, quarantine/."""
 
@@ -92,10 +183,23 @@ class ChunkFiles:
         self._local = threading.local()
         self._made_dirs: set[str] = set()  # bounded by the 65,536 fan-out folders
         self._temp_seq = itertools.count()  # next() on a count is atomic under the GIL
+        # The write(2) of temp files, as (fd, bytes) -> bytes written. A public fault seam: tests
+        # put one here that fails (ENOSPC) to make a real store's writes fail.
+        self.os_write = _os_write
 
     def create_dirs(self) -> None:
+        """Create (or make private) chunks/, tmp/ and quarantine/: cheap, on every writable open."""
         for d in (self.chunks_dir, self.tmp_dir, self.quarantine_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            make_private_dir(d)
+
+    def make_tree_private(self) -> int:
+        """chmod every folder under chunks/, tmp/ and quarantine/ 0700 and every file 0600 (a full
+        walk, for a store written before files were private: about 15 us per entry, as much as
+        listing it); returns how many entries it chmod-ed. Symlinks are skipped, not followed."""
+        walk = _PrivateWalk()
+        for top in (self.chunks_dir, self.tmp_dir, self.quarantine_dir):
+            walk.folder(top)
+        return walk.changed
 
     def path_for(self, key: bytes) -> Path:
         h = key.hex()
@@ -107,7 +211,7 @@ class ChunkFiles:
         """Write a complete temp file for ``key``; on any error remove it and re-raise."""
         # Unique per call: two puts of one key must never share (and truncate) a temp file.
         tmp = self.tmp_dir / f"{TMP_PREFIX}{key.hex()}-{os.getpid()}-{next(self._temp_seq)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
         try:
             for seg in segments:
                 self._write_all(fd, memoryview(seg).cast("B"))
@@ -122,7 +226,7 @@ class ChunkFiles:
 
     def _write_all(self, fd: int, data: memoryview) -> None:
         while len(data):
-            n = os.write(fd, data)
+            n = self.os_write(fd, data)
             if n <= 0:  # a regular file only writes short when the disk is full
                 raise OSError(errno.ENOSPC, "short write")
             data = data[n:]
@@ -151,10 +255,10 @@ class ChunkFiles:
         if not folder.is_dir():
             top = folder.parent
             if not top.is_dir():
-                top.mkdir(exist_ok=True)
+                top.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
                 if self.durability is Durability.FSYNC:
                     _fsync_dir(top.parent)
-            folder.mkdir(exist_ok=True)
+            folder.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
             if self.durability is Durability.FSYNC:
                 _fsync_dir(top)
         self._made_dirs.add(s)
@@ -244,22 +348,33 @@ class ChunkFiles:
             os.replace(src, dest)
         except FileNotFoundError:
             return None
+        make_private(dest, PRIVATE_FILE_MODE)  # a file written before files were private
         return dest
+
+    def iter_temps(self, keep_own: bool = False) -> Iterator[Path]:
+        """The temp files in tmp/; ``keep_own`` leaves out this process's, which may be puts in
+        flight."""
+        own = f"-{os.getpid()}-"
+        try:
+            entries = list(os.scandir(self.tmp_dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.name.startswith(TMP_PREFIX) and not (keep_own and own in entry.name):
+                yield Path(entry.path)
 
     def remove_temps(self, keep_own: bool = False) -> int:
         """Delete leftover temp files (call only while holding the store's writer lock, so no
         other process writes here). ``keep_own`` spares this process's temp files, which may be
         puts in flight; on open there are none, so everything goes."""
-        own = f"-{os.getpid()}-"
         n = 0
-        for entry in os.scandir(self.tmp_dir):
-            if entry.name.startswith(TMP_PREFIX) and not (keep_own and own in entry.name):
-                Path(entry.path).unlink(missing_ok=True)
-                n += 1
+        for path in self.iter_temps(keep_own):
+            path.unlink(missing_ok=True)
+            n += 1
         return n
 
-    def count_temps(self) -> int:
-        return sum(1 for e in os.scandir(self.tmp_dir) if e.name.startswith(TMP_PREFIX))
+    def count_temps(self, keep_own: bool = False) -> int:
+        return sum(1 for _ in self.iter_temps(keep_own))
 
     def has_chunks(self) -> bool:
         """Whether any fan-out folder exists (a cheap test: it lists only chunks/)."""

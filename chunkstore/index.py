@@ -3,15 +3,19 @@
 Invariants: a row exists only for a chunk whose file was published first (the store writes the
 file, then the row; deletes the row, then the file); all writes go through one connection under
 one lock (one writer at a time) in batched transactions; reads use pooled connections and never
-block on the writer (WAL). Nothing per chunk is kept in Python memory.
+block on the writer (WAL). Nothing per chunk is kept in Python memory. The database file is
+created 0600 before SQLite opens it (SQLite gives the -wal and -shm files the main file's mode),
+and a writer makes existing index files 0600.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from chunkstore import migrations
 from chunkstore.choices import Choice
+from chunkstore.files import PRIVATE_FILE_MODE, make_private
 from chunkstore.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
 
 DB_FILENAME = "index.db"
@@ -94,6 +99,19 @@ def db_files(root: Path) -> list[Path]:
     return [db, db.with_name(DB_FILENAME + "-wal"), db.with_name(DB_FILENAME + "-shm")]
 
 
+def prepare_db_files(root: Path) -> None:
+    """Create the index file empty with mode 0600 unless it exists (an empty file is an empty
+    SQLite database), and make the existing index, WAL and shared-memory files 0600: SQLite
+    creates files 0644, and the -wal and -shm files with the main file's mode."""
+    db = Path(root) / DB_FILENAME
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
+    except FileExistsError:
+        pass
+    for f in db_files(root):
+        make_private(f, PRIVATE_FILE_MODE)
+
+
 class IndexMissingError(RuntimeError):
     """The SQLite index is gone while chunk files remain: `chunkstore rebuild` recreates it."""
 
@@ -128,6 +146,8 @@ class ChunkIndex:
         self.read_only = read_only
         if (read_only or must_exist) and not self.path.is_file():
             raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path {root}`")
+        if not read_only:
+            prepare_db_files(root)
         self.engine: Engine = create_engine(f"sqlite:///{self.path}", pool_size=8, max_overflow=8)
         event.listen(self.engine, "connect", _on_connect)
         event.listen(self.engine, "begin", _on_begin)
@@ -146,9 +166,13 @@ class ChunkIndex:
                 migrations.upgrade(conn)
 
     def close(self) -> None:
-        if not self.read_only:
-            self.flush()
-        self.engine.dispose()
+        """Write the buffered counters and dispose of the connections (even when that write
+        fails, e.g. on a full disk: the error is raised after)."""
+        try:
+            if not self.read_only:
+                self.flush()
+        finally:
+            self.engine.dispose()
 
     # -- meta ------------------------------------------------------------------------------
 
@@ -397,15 +421,13 @@ class ChunkIndex:
         ]
         if not values:
             return 0
-        with self.write_lock, self.engine.begin() as conn:
-            self._flush_in(conn)
+        with self._writing() as conn:
             result = conn.execute(sqlite_insert(chunks).on_conflict_do_nothing(), values)
             return int(result.rowcount)
 
     def delete(self, keys: Sequence[bytes]) -> int:
         n = 0
-        with self.write_lock, self.engine.begin() as conn:
-            self._flush_in(conn)
+        with self._writing() as conn:
             for batch in _batches(list(keys)):
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
@@ -451,13 +473,30 @@ class ChunkIndex:
     def flush(self) -> None:
         if self.read_only:
             return
-        with self.write_lock, self.engine.begin() as conn:
-            self._flush_in(conn)
+        with self._writing():
+            pass  # the transaction writes the buffers
 
-    def _flush_in(self, conn: Connection) -> None:
-        with self._pending_lock:
-            touches, self._pending_touch = self._pending_touch, {}
-            counts, self._pending_counts = self._pending_counts, Counter()
+    @contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """A write transaction (under ``write_lock``) that first writes the buffered access times
+        and counters. When it fails (a full disk) the counters go back to the buffer for the next
+        transaction that commits; access times are hints and are dropped, so the buffer stays
+        bounded however long the disk is full."""
+        with self.write_lock:
+            with self._pending_lock:
+                touches, self._pending_touch = self._pending_touch, {}
+                counts, self._pending_counts = self._pending_counts, Counter()
+            try:
+                with self.engine.begin() as conn:
+                    self._flush_in(conn, touches, counts)
+                    yield conn
+            except BaseException:
+                with self._pending_lock:
+                    self._pending_counts.update(counts)
+                raise
+
+    def _flush_in(self, conn: Connection, touches: dict[bytes, tuple[int, float]],
+                  counts: Counter[tuple[str, str]]) -> None:
         if touches:
             stmt = (update(chunks).where(chunks.c.key == bindparam("k"))
                     .values(hit_count=chunks.c.hit_count + bindparam("n"),

@@ -1,8 +1,11 @@
 """Offline care of a store: verify (and repair), rebuild the index from chunk headers, gc.
 
-Invariants: verify without repair changes nothing; repair only removes rows whose file is
-missing, quarantines files that fail verification, and adopts valid files that have no row;
-rebuild indexes exactly the chunk files that verify. Each walks the store in bounded batches.
+Invariants: verify without repair changes nothing and reports as damage corrupt files, rows whose
+file is missing, chunk files without a row (orphans) and leftover temp files, never a put in
+flight (what it finds is looked at again under the writer lock, or after ``SETTLE_S`` when
+another process may be writing); repair only removes rows whose file is missing, quarantines
+files that fail verification, adopts valid files that have no row and removes leftover temp
+files; rebuild indexes exactly the chunk files that verify. Each walks the store in bounded batches.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from chunkstore.store import STORE_WIDE, ChunkStore
 
 Progress = Callable[[int], None]  # called with the number of items just done
 _BATCH = 64
+# How long a read-only verify waits before it looks again at the orphans and temp files it found:
+# beside a running writer, a put's file is between its publish and its row, or its temp file is
+# being written, for about as long as a batch's fsyncs take.
+SETTLE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -30,9 +37,15 @@ class VerifyReport:
     missing: int = 0
     quarantined: int = 0
     rows_dropped: int = 0
-    orphans: int = 0
+    orphans: int = 0  # chunk files without an index row
     adopted: int = 0
+    temps: int = 0  # leftover temp files found (not puts in flight)
     temps_removed: int = 0
+
+    @property
+    def damage(self) -> int:
+        """What was found wrong: corrupt files, missing files, orphan files, leftover temp files."""
+        return self.corrupt + self.missing + self.orphans + self.temps
 
 
 @dataclass(slots=True)
@@ -100,8 +113,10 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
         if progress:
             progress(len(rows))
     if repair:
-        report.temps_removed = _remove_temps(store)
+        report.temps = report.temps_removed = _remove_temps(store)
         _adopt_orphans(store, report)
+    else:
+        report.orphans, report.temps = _count_leftovers(store)
     return report
 
 
@@ -111,11 +126,41 @@ def _remove_temps(store: ChunkStore) -> int:
         return store.files.remove_temps(keep_own=True)
 
 
-def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
+def _orphan_batches(store: ChunkStore) -> Iterator[list[bytes]]:
+    """Keys of chunk files that have no index row, a batch at a time (a full scan of the tree)."""
     keys = (k for k in map(store.files.key_from_path, store.files.iter_chunk_paths()) if k is not None)
     for batch in _chunked(keys, _BATCH):
         present = store.index.present(batch)
-        orphans = [k for k in batch if k not in present]
+        if orphans := [k for k in batch if k not in present]:
+            yield orphans
+
+
+def _still_orphans(store: ChunkStore, keys: list[bytes]) -> int:
+    n = 0
+    for batch in _chunked(keys, _BATCH):
+        present = store.index.present(batch)
+        n += sum(1 for k in batch if k not in present and store.files.path_for(k).exists())
+    return n
+
+
+def _count_leftovers(store: ChunkStore) -> tuple[int, int]:
+    """(orphan files, leftover temp files), changing nothing. A writer's puts in flight are not
+    leftovers: this process's own temp files are left out, and what was found is looked at again
+    under the writer lock (publish and row, or row delete and unlink, happen under it), or, when
+    another process may hold it (a read-only store), after ``SETTLE_S``."""
+    candidates = [k for batch in _orphan_batches(store) for k in batch]
+    temps = list(store.files.iter_temps(keep_own=True))
+    if not candidates and not temps:
+        return 0, 0
+    if store.read_only:
+        time.sleep(SETTLE_S)
+        return _still_orphans(store, candidates), sum(1 for t in temps if t.exists())
+    with store.index.write_lock:
+        return _still_orphans(store, candidates), len(temps)
+
+
+def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
+    for orphans in _orphan_batches(store):
         report.orphans += len(orphans)
         results = list(store._pool.map(lambda k: check_file(store, k), orphans))
         rows = []

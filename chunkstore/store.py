@@ -4,7 +4,13 @@ Invariants: a key is present iff its index row exists, and a row exists only aft
 published (file, then row; deleting: row, then file); every read verifies the file (checksums,
 key, parent, tokens, layout) and a bad file is quarantined and reported as a miss, never
 returned; eviction is least-recently-used and leaf-first and never touches pinned chunks;
-one process writes a store at a time (an exclusive lock file), one thread at a time within it.
+one process writes a store at a time (an exclusive lock file), one thread at a time within it;
+every failed write (a chunk file, a publish, an index commit or flush) is counted, logged
+rate-limited, and marks the store degraded until a write succeeds; closing never raises for a
+full disk (what could not be written is reported, the index is closed).
+Files in the data folder are 0600 and folders 0700 (see files.py); a writer makes an existing
+store's top-level files and folders private on every open, and walks the chunk tree once, which
+``store.json`` records.
 """
 
 from __future__ import annotations
@@ -26,16 +32,21 @@ from sqlalchemy.exc import DBAPIError
 
 from chunkstore.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
 from chunkstore.codec import Codec, CorruptChunkError, encode
-from chunkstore.files import ChunkFiles, Durability, ReadBuffers
+from chunkstore.files import (PRIVATE_FILE_MODE, ChunkFiles, Durability, ReadBuffers, make_private,
+                              make_private_dir, write_private_file)
 from chunkstore.identity import ModelIdentity, ModelMismatchError
 from chunkstore.index import ChunkIndex, ChunkRow, Victim, db_files
 from chunkstore.keys import PageRef, encode_tokens, page_key
+from chunkstore.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
 
 log = logging.getLogger(__name__)
 
 STORE_FILENAME = "store.json"
 LOCK_FILENAME = "LOCK"
 STORE_FORMAT = 1
+# In store.json once every file and folder of the chunk tree has been made private (a store
+# written before files were private gets one full walk, on its first writable open).
+PRIVATE_MARKER = "private_files"
 _EVICT_BATCH = 256
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -104,8 +115,9 @@ class StoreStats:
     dedup_hits: int
     evictions: int
     quarantined: int
-    write_errors: int
+    write_errors: int  # failed page writes, kept in the index (across restarts)
     namespaces: tuple[NamespaceStats, ...]
+    write_health: WriteHealth = WriteHealth()  # this process's view: failures since the store opened
 
 
 STORE_WIDE = ""  # counter namespace for events that belong to no known namespace
@@ -130,11 +142,21 @@ def default_io_threads() -> int:
     return 8
 
 
-def read_identity(root: Path) -> ModelIdentity | None:
+def _read_store_doc(root: Path) -> dict | None:
     path = Path(root) / STORE_FILENAME
     if not path.is_file():
         return None
-    doc = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def _write_store_doc(root: Path, doc: dict) -> None:
+    write_private_file(Path(root) / STORE_FILENAME, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_identity(root: Path) -> ModelIdentity | None:
+    doc = _read_store_doc(root)
+    if doc is None:
+        return None
     return ModelIdentity.from_json(json.dumps(doc["identity"]))
 
 
@@ -148,7 +170,8 @@ class ChunkStore:
     the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
     and write (default 2 per core, at least 4), ``io_threads`` read (default 8), ``decode_threads``
     decode loaded pages (default 1 per core). ``reset_index`` deletes the SQLite index
-    (not the chunk files) before opening, for `chunkstore rebuild`.
+    (not the chunk files) before opening, for `chunkstore rebuild`. Failed writes are logged at
+    most once per ``failure_log_interval_s`` after the first (a summary line counts the rest).
     """
 
     def __init__(
@@ -167,6 +190,7 @@ class ChunkStore:
         allow_other_models: bool = False,
         read_only: bool = False,
         reset_index: bool = False,
+        failure_log_interval_s: float = LOG_INTERVAL_S,
     ):
         if identity.kv_dtype not in TORCH_DTYPES:
             raise ValueError(f"torch {torch.__version__} has no dtype {identity.kv_dtype}")
@@ -182,11 +206,12 @@ class ChunkStore:
         self._max_file_bytes = identity.page_size_bytes + 8 * identity.page_size + (64 << 10)
         self._lock_fd: int | None = None
         self._closed = False
+        self._writes = WriteFailures(self.root, failure_log_interval_s)
         if read_only:
             if not (self.root / STORE_FILENAME).is_file():
                 raise FileNotFoundError(f"no chunk store at {self.root}")
         else:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.root)
             self._take_writer_lock()
         try:
             self._check_identity(allow_other_models)
@@ -201,6 +226,10 @@ class ChunkStore:
             # would hide every chunk): it asks for `chunkstore rebuild` instead.
             self.index = ChunkIndex(self.root, read_only=read_only,
                                     must_exist=not reset_index and self.files.has_chunks())
+            if read_only:
+                self._warn_if_not_private()
+            else:
+                self._make_tree_private_once()
         except BaseException:
             self._release_writer_lock()
             raise
@@ -219,7 +248,7 @@ class ChunkStore:
     # -- lifecycle -------------------------------------------------------------------------
 
     def _take_writer_lock(self) -> None:
-        fd = os.open(self.root / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.root / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -232,17 +261,35 @@ class ChunkStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def _make_tree_private_once(self) -> None:
+        """Top-level files are made private on every writable open (a few chmods); the chunk tree
+        is walked only while store.json lacks the marker: files created since are private from
+        the start, so one walk per store suffices and a large store still opens in milliseconds."""
+        for name in (STORE_FILENAME, LOCK_FILENAME):
+            make_private(self.root / name, PRIVATE_FILE_MODE)
+        doc = _read_store_doc(self.root)
+        if doc is None or doc.get(PRIVATE_MARKER):
+            return
+        t0 = time.monotonic()
+        changed = self.files.make_tree_private()
+        if changed:
+            log.info("made %d files and folders of %s private (once) in %.1f s", changed, self.root,
+                     time.monotonic() - t0)
+        _write_store_doc(self.root, {**doc, PRIVATE_MARKER: True})
+
+    def _warn_if_not_private(self) -> None:
+        """A read-only opener may not chmod (the files may not be its own): it only says so."""
+        mode = self.root.stat().st_mode & 0o777
+        if mode & 0o077:
+            log.warning("the data folder %s is open to other users (mode %o); opening the store for writing "
+                        "makes it and its files private", self.root, mode)
+
     def _check_identity(self, allow_other_models: bool) -> None:
         stored = read_identity(self.root)
         if stored is None:
             if self.read_only:
                 raise FileNotFoundError(f"no chunk store at {self.root}")
-            doc = {"format": STORE_FORMAT, "identity": json.loads(self.identity.to_json())}
-            tmp = self.root / (STORE_FILENAME + ".tmp")
-            tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, self.root / STORE_FILENAME)
+            _write_store_doc(self.root, {"format": STORE_FORMAT, "identity": json.loads(self.identity.to_json())})
         elif stored != self.identity and not allow_other_models:
             raise ModelMismatchError(
                 f"the store at {self.root} holds KV of {stored}, not {self.identity}; "
@@ -256,7 +303,11 @@ class ChunkStore:
         self._io_pool.shutdown(wait=True)
         self._decode_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
-        self.index.close()
+        try:
+            self.index.close()  # writes the buffered counters, then disposes of the connections
+        except DBAPIError as exc:  # a full disk: those counters are lost, the index stays consistent
+            self._writes.failed("index flush at close", exc, num_pages=0)
+        self._writes.flush_log()
         self._release_writer_lock()
 
     def __enter__(self) -> "ChunkStore":
@@ -317,6 +368,7 @@ class ChunkStore:
                 except OSError as exc:
                     result.failed[key] = f"write failed: {exc}"
                     self.index.count_event(todo[key][0].namespace, "write_errors")
+                    self._writes.failed("chunk file", exc)
         except BaseException:  # an unexpected error: leave no temp file of this batch behind
             for fut in futures.values():
                 if not fut.cancel() and fut.exception() is None:
@@ -334,16 +386,19 @@ class ChunkStore:
                 self.files.discard_temp(written.pop(key)[0])
                 result.deduplicated.append(key)
                 self.index.count_event(todo[key][0].namespace, "dedup_hits")
-            admitted = self._make_room(todo, written, result)
-            if not admitted:
-                return
-            now = time.time()
-            rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
-                             num_tokens=todo[k][0].num_tokens, raw_bytes=self.identity.page_size_bytes,
-                             stored_bytes=written[k][1], created_at=now, last_access_at=now)
-                     for k in admitted]
+            step, admitted = "index commit", list(written)
             try:
+                admitted = self._make_room(todo, written, result)  # evicting writes the index too
+                if not admitted:
+                    return
+                now = time.time()
+                rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
+                                 num_tokens=todo[k][0].num_tokens, raw_bytes=self.identity.page_size_bytes,
+                                 stored_bytes=written[k][1], created_at=now, last_access_at=now)
+                         for k in admitted]
+                step = "publish"
                 self.files.publish([(written[k][0], k) for k in admitted], self._pool)
+                step = "index commit"
                 self.index.insert(rows)  # file first, then row
             except (OSError, DBAPIError) as exc:
                 # Nothing of this batch may stay visible: no row was committed, so the files
@@ -353,9 +408,10 @@ class ChunkStore:
                     self.files.remove(k)
                     result.failed[k] = f"publish failed: {exc}"
                     self.index.count_event(todo[k][0].namespace, "write_errors")
-                log.error("put of %d pages failed: %s", len(admitted), exc)
+                self._writes.failed(step, exc, num_pages=len(admitted))
                 return
             result.stored.extend(admitted)
+            self._writes.succeeded()
 
     def _make_room(self, todo, written, result: PutResult) -> list[bytes]:
         """Evict to fit the written pages under quotas and capacity; returns the keys that fit.
@@ -441,7 +497,10 @@ class ChunkStore:
             elif status not in ("ok", "absent"):
                 corrupt.append((p, status))
         hit_pages = [p for p, h in zip(pages, hits) if h]
-        self.index.touch(p.key for p in hit_pages)
+        try:
+            self.index.touch(p.key for p in hit_pages)  # may flush a full buffer to the index
+        except DBAPIError as exc:  # a full disk: the access times are dropped, the read still counts
+            self._writes.failed("index flush", exc, num_pages=0)
         for p, h in zip(pages, hits):
             self.index.count_event(p.namespace, "hits" if h else "misses")
         if missing and not self.read_only:
@@ -662,8 +721,13 @@ class ChunkStore:
         self.index.set_quota(namespace, quota_bytes)
 
     def flush(self) -> None:
-        """Write buffered access times and counters to the index."""
-        self.index.flush()
+        """Write buffered access times and counters to the index. Raises sqlalchemy's DBAPIError
+        when that fails (a full disk; counted as a failed write, the counters stay buffered)."""
+        try:
+            self.index.flush()
+        except DBAPIError as exc:
+            self._writes.failed("index flush", exc, num_pages=0)
+            raise
 
     # -- stats -----------------------------------------------------------------------------
 
@@ -689,5 +753,5 @@ class ChunkStore:
             capacity_bytes=self.capacity_bytes, compression_ratio=raw / stored if stored else 1.0,
             hits=total["hits"], misses=total["misses"], dedup_hits=total["dedup_hits"],
             evictions=total["evictions"], quarantined=total["quarantined"],
-            write_errors=total["write_errors"], namespaces=tuple(per_ns),
+            write_errors=total["write_errors"], namespaces=tuple(per_ns), write_health=self._writes.health(),
         )

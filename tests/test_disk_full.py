@@ -1,10 +1,14 @@
-"""A full disk (ENOSPC) and failing renames, simulated at the system calls chunkstore.files makes:
-the pages are reported failed, nothing becomes visible or stays behind, stored pages still load,
-and writes resume once space is back; and a put under capacity pressure."""
+"""A full disk (ENOSPC) and failing renames, simulated at the system calls chunkstore.files makes
+(through ChunkFiles.os_write, its write seam, or os functions patched in chunkstore.files) and for
+real on a small filled tmpfs (root only): the pages are reported failed, nothing becomes visible or
+stays behind, stored pages still load, and writes resume once space is back; every failed write is
+counted (also across failed index commits), logged rate-limited, and marks the store degraded until
+a write succeeds; closing on a full disk does not raise; and a put under capacity pressure."""
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import sqlite3
 from pathlib import Path
@@ -15,6 +19,7 @@ import sqlalchemy.exc
 import chunkstore.files as files_mod
 from chunkstore import ChunkStore, chain_pages
 from tests.conftest import kv_pages, same_bytes
+from tests.fullfs import fill, small_tmpfs
 
 
 def _fd_path(fd: int) -> str:
@@ -48,14 +53,14 @@ def _assert_loads(store: ChunkStore, pages, tensors) -> None:
     assert all(t is not None and same_bytes(t, w) for t, w in zip(got, tensors))
 
 
+def _no_space(fd, data):
+    raise _enospc()
+
+
 def test_enospc_on_every_write_then_recovery(full):
     store, old, old_t, new, new_t = full
-    real = store.files._write_all
-
-    def no_space(fd, data):
-        raise _enospc()
-
-    store.files._write_all = no_space
+    real = store.files.os_write
+    store.files.os_write = _no_space
     result = store.put(new, new_t)
     assert result.stored == [] and set(result.failed) == {p.key for p in new}
     assert all("No space" in why for why in result.failed.values())
@@ -63,7 +68,7 @@ def test_enospc_on_every_write_then_recovery(full):
     _assert_loads(store, old, old_t)
     assert store.stats().write_errors == 4
     # space comes back (here: the fault clears and some chunks are evicted): writes resume
-    store.files._write_all = real
+    store.files.os_write = real
     assert store.evict(1).num_chunks == 1
     result = store.put(new, new_t)
     assert result.ok and result.stored == [p.key for p in new]
@@ -75,14 +80,14 @@ def test_enospc_on_some_pages(full):
     """Only the pages whose temp file hits the full disk fail; the rest are stored."""
     store, old, old_t, new, new_t = full
     doomed = {new[1].key.hex(), new[3].key.hex()}
-    real = store.files._write_all
+    real = store.files.os_write
 
     def sometimes_no_space(fd, data):
         if any(h in _fd_path(fd) for h in doomed):
             raise _enospc()
-        real(fd, data)
+        return real(fd, data)
 
-    store.files._write_all = sometimes_no_space
+    store.files.os_write = sometimes_no_space
     result = store.put(new, new_t)
     assert set(result.failed) == {new[1].key, new[3].key}
     assert sorted(result.stored) == sorted([new[0].key, new[2].key])
@@ -225,3 +230,128 @@ def test_put_under_capacity_pressure_keeps_the_prefix_it_extends(tmp_path, ident
         result = s.put(full, kv_pages(identity, 2, seed=3))  # page 0 present, page 1 new
         assert result.ok
         assert s.longest_prefix([p.key for p in full]) == 2
+
+
+# ---- failure accounting -------------------------------------------------------------------------
+
+def test_every_failed_write_is_counted_and_the_store_is_degraded_until_one_succeeds(full):
+    store, old, old_t, new, new_t = full
+    assert store.stats().write_health.last_ok_at is not None and not store.stats().write_health.degraded
+    real_write, store.files.os_write = store.files.os_write, _no_space
+    for _ in range(3):  # not only the first failure: each of them
+        assert len(store.put(new, new_t).failed) == 4
+    s = store.stats()
+    h = s.write_health
+    assert (h.failures, h.failed_pages, h.degraded) == (12, 12, True) and s.write_errors == 12
+    assert h.last_error == "chunk file: [ENOSPC] No space left on device (simulated)"
+    assert h.last_error_at >= h.last_ok_at
+    _assert_loads(store, old, old_t)  # reads go on while degraded
+    assert store.stats().write_health.degraded
+    store.files.os_write = real_write
+    assert store.put(new, new_t).ok
+    h = store.stats().write_health
+    assert not h.degraded and h.failures == 12 and h.last_ok_at >= h.last_error_at
+
+
+def test_failures_are_logged_rate_limited_with_the_reason_and_the_folder(tmp_path, identity, caplog):
+    caplog.set_level(logging.WARNING, logger="chunkstore.store")
+    pages = chain_pages(identity, list(range(identity.page_size * 3)))
+    with ChunkStore(tmp_path / "s", identity, failure_log_interval_s=3600) as store:
+        real_write, store.files.os_write = store.files.os_write, _no_space
+        for _ in range(4):
+            store.put(pages, kv_pages(identity, 3))
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1  # the first at once; the other 11 wait for the next summary
+        assert str(store.root) in lines[0] and "[ENOSPC] No space left on device" in lines[0]
+        store.files.os_write = real_write
+        assert store.put(pages, kv_pages(identity, 3)).ok  # recovery owes the summary at once
+        lines = [r.getMessage() for r in caplog.records]
+        assert f"11 more write(s) to the store at {store.root} failed (11 page(s))" in lines[1]
+        assert "succeed again (12 failed write(s)" in lines[2]
+        store.files.os_write = _no_space
+        for _ in range(2):
+            store.put(chain_pages(identity, list(range(100, 100 + identity.page_size))), kv_pages(identity, 1))
+    lines = [r.getMessage() for r in caplog.records]  # closed: the summary owed is logged
+    assert len(lines) == 5 and "1 more write(s)" in lines[4] and "the last: chunk file: [ENOSPC]" in lines[4]
+
+
+def test_failed_index_commits_are_each_counted(full):
+    store, old, old_t, new, new_t = full
+
+    def disk_full_insert(rows):
+        raise sqlalchemy.exc.OperationalError("INSERT INTO chunks", {}, sqlite3.OperationalError(
+            "database or disk is full"))
+
+    store.index.insert = disk_full_insert
+    try:
+        for _ in range(2):
+            assert len(store.put(new, new_t).failed) == 4
+    finally:
+        del store.index.insert
+    h = store.stats().write_health
+    assert (h.failures, h.failed_pages, h.degraded) == (2, 8, True)
+    assert h.last_error == "index commit: database or disk is full"
+    assert store.stats().write_errors == 8
+
+
+def test_a_real_full_disk_counts_every_failure_across_failed_index_commits(tmp_path, identity, caplog):
+    """On a filled tmpfs: chunk files fail with the kernel's ENOSPC, the index's commits with
+    SQLite's own "database or disk is full"; the counters a failed commit carried are not lost
+    (they are written once space is back), and closing on the full disk does not raise."""
+    with small_tmpfs(tmp_path / "mnt", 8 << 20) as mnt:
+        root = mnt / "s"
+        old, old_t = chain_pages(identity, list(range(identity.page_size * 2))), kv_pages(identity, 2)
+        new, new_t = chain_pages(identity, list(range(500, 500 + identity.page_size * 4))), kv_pages(identity, 4)
+        with ChunkStore(root, identity) as store:
+            assert store.put(old, old_t).ok
+            filler = fill(mnt)
+            for _ in range(2):
+                result = store.put(new, new_t)
+                assert len(result.failed) == 4 and all("No space left" in why for why in result.failed.values())
+            with pytest.raises(sqlalchemy.exc.OperationalError, match="database or disk is full"):
+                store.flush()
+            h = store.stats().write_health
+            assert h.degraded and (h.failures, h.failed_pages) == (9, 8)
+            assert h.last_error == "index flush: database or disk is full"
+            assert len(store.put(new, new_t).failed) == 4
+            assert store.stats().write_errors == 12
+            filler.unlink()  # space is back: the next commit writes every count
+            store.flush()
+        with ChunkStore(root, identity) as store:
+            assert store.stats().write_errors == 12
+            _assert_loads(store, old, old_t)
+            _assert_invisible(store, new)
+            filler = fill(mnt)
+            _assert_loads(store, old, old_t)  # reads work on the full disk (their counts wait in memory)
+        # closed on the full disk: the index's last commit failed, was reported, and did not raise
+        assert "index flush at close: database or disk is full" in caplog.text
+        filler.unlink()
+        with ChunkStore(root, identity) as store:
+            _assert_loads(store, old, old_t)
+            assert store.put(new, new_t).ok
+
+
+def test_a_failed_eviction_to_make_room_fails_the_put_and_leaves_nothing(tmp_path, identity):
+    """Evicting to fit writes the index too: when that commit fails (a full disk), the put reports
+    its pages failed instead of raising, and leaves no temp file behind."""
+    root = tmp_path / "s"
+    with ChunkStore(root, identity) as s:
+        assert s.put(chain_pages(identity, list(range(identity.page_size))), kv_pages(identity, 1)).ok
+        one_chunk = s.stats().stored_bytes
+    with ChunkStore(root, identity, capacity_bytes=int(one_chunk * 1.5)) as s:
+        new = chain_pages(identity, list(range(100, 100 + identity.page_size)))
+
+        def disk_full_delete(keys):
+            raise sqlalchemy.exc.OperationalError("DELETE FROM chunks", {}, sqlite3.OperationalError(
+                "database or disk is full"))
+
+        s.index.delete = disk_full_delete
+        try:
+            result = s.put(new, kv_pages(identity, 1, seed=2))
+        finally:
+            del s.index.delete
+        assert set(result.failed) == {new[0].key}
+        _assert_invisible(s, new)
+        h = s.stats().write_health
+        assert h.degraded and h.last_error == "index commit: database or disk is full"
+        assert s.put(new, kv_pages(identity, 1, seed=2)).ok  # the index works again: the eviction goes through

@@ -166,7 +166,8 @@ def test_file_without_a_row_is_adopted_by_repair(saved, capsys):
         assert s.exists([pages[7].key, pages[10].key]) == [False, False]
         assert s.get([pages[7]]) == [None]  # invisible, and the file is left alone
         assert _chunk_path(root, pages[7].key).exists()
-        assert verify(s).orphans == 0  # without --repair nothing is adopted or changed
+        report = verify(s)  # without --repair orphans are reported, and nothing is adopted or changed
+        assert (report.orphans, report.adopted, report.damage) == (2, 0, 2)
         assert s.exists([pages[7].key]) == [False]
     code, out, _ = _cli(capsys, "verify", "--repair", "--disk-path", str(root), "--json")
     report = json.loads(out)

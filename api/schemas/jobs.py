@@ -31,8 +31,9 @@ class VerifyResult(BaseModel):
     missing: int
     quarantined: int
     rows_dropped: int
-    orphans: int
+    orphans: int = Field(description="chunk files without an index row (what a crash leaves)")
     adopted: int
+    temps: int = Field(description="leftover temp files (not puts in flight)")
     temps_removed: int
 
 

@@ -86,6 +86,8 @@ class DiskUsage:
     compression_ratio: float
     quarantined: int
     evictions: int
+    write_errors: int = 0  # failed page writes (kept in the index)
+    degraded: bool = False  # the last write to the disk failed and none has succeeded since
 
 
 @dataclass(frozen=True, slots=True)

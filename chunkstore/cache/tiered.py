@@ -738,17 +738,18 @@ class TieredCache(CacheAdministration):
         if self.store is not None:
             s = self.store.stats()
             disk = DiskUsage(s.num_chunks, s.raw_bytes, s.stored_bytes, s.capacity_bytes, s.compression_ratio,
-                             s.quarantined, s.evictions)
+                             s.quarantined, s.evictions, s.write_errors, s.write_health.degraded)
         return self.counters.snapshot(page_size=self.page_size, device=device, host=host, disk=disk,
                                       queue_depths=self.controller.queue_depths())
 
     def close(self, *, flush: bool = False) -> None:
         """Finish the transfers in flight (and, with ``flush``, write everything down first), stop
-        the threads and close the store this cache opened. Idempotent."""
+        the threads and close the store this cache opened. Idempotent. Pages that cannot be written
+        (a full disk) are logged with the store's last error, and the close goes on: they are lost."""
         if self._is_closed:
             return
         if flush and self.store is not None:
-            self.flush()
+            self._report_unwritten(self.flush())
         self._is_closed = True
         if self._refresher is not None:
             self._refresher.close()
@@ -756,6 +757,12 @@ class TieredCache(CacheAdministration):
         self.controller.close()
         if self._owns_store:
             self.store.close()
+
+    def _report_unwritten(self, result: FlushResult) -> None:
+        if result.failed_pages:
+            health = self.store.stats().write_health
+            log.error("closing: %d page(s) could not be written to disk (%d written); the last failed write: %s",
+                      result.failed_pages, result.persisted_pages, health.last_error or "none recorded")
 
     def __enter__(self) -> "TieredCache":
         return self
