@@ -158,6 +158,21 @@ class SnapshotCollector(Collector):
             family = _counter(name, doc + " (persists across restarts)")
             family.add_metric([], value)
             yield family
+        yield from SnapshotCollector._write_health(s.write_health)
+
+    @staticmethod
+    def _write_health(h) -> Iterator[Metric]:
+        """The store's WriteHealth (since this process opened it)."""
+        failures = _counter("disk_write_failures", "failed writes to the disk tier since the store was opened "
+                                                   "(chunk files, publishes, index commits and flushes)")
+        failures.add_metric([], h.failures)
+        degraded = _gauge("disk_degraded", "1 while the last write to the disk failed and none has succeeded since")
+        degraded.add_metric([], 1 if h.degraded else 0)
+        yield from (failures, degraded)
+        if h.last_error_at is not None:
+            last = _gauge("disk_last_write_failure_timestamp_seconds", "epoch seconds of the last failed write")
+            last.add_metric([], h.last_error_at)
+            yield last
 
 
 class AdminMetrics:

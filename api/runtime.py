@@ -63,7 +63,9 @@ class AdminRuntime:
         skip = set(shadowed(saved, self.explicit_settings))
         for name, value in sorted(saved.items()):
             try:
-                changes = ConfigPatch.model_validate({name: value}).changes()
+                patch = ConfigPatch.model_validate({name: value})
+                patch.check_disk_size(self.backend.identity.page_size_bytes)  # a file saved before the check
+                changes = patch.changes()
                 if name in skip:
                     log.info("persisted setting %s=%r: the flag or environment variable given wins", name, value)
                     continue

@@ -74,6 +74,10 @@ def patch_config(
 ) -> ConfigPublic:
     """Change live-safe settings now and, unless ``persist=false``, keep them for the next start
     (where settings given by flags or the environment still win). Admin token only."""
+    try:
+        body.check_disk_size(runtime.backend.identity.page_size_bytes)
+    except ValueError as exc:
+        raise AdminError.invalid(str(exc), "disk_size") from None
     changes = body.changes()
     if persist and changes and not _is_writable(runtime):
         raise AdminError.conflict("the settings cannot be kept: no writable data folder (no disk tier, or a "

@@ -1,14 +1,19 @@
 """The config family: ConfigPublic (GET /config: the effective settings, never a token) and
 ConfigPatch (PATCH /config: only the settings that are safe to change live; anything else is 422
-with a message that says why)."""
+with a message that says why).
+
+Invariants: a number setting takes a JSON number only (never a boolean or a string), finite and
+within its range; a disk_size must hold at least one page (``ConfigPatch.check_disk_size``, which
+needs the page size); a refused PATCH changes and keeps nothing."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from chunkstore.cache.config import CacheConfig
+from chunkstore.cache.config import GB, CacheConfig
 from chunkstore.cache.policies import PrefetchPolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.cache.admin import LIVE_SETTINGS
@@ -99,6 +104,9 @@ class ConfigPublic(BaseModel):
 
 
 _FIXED = set(CacheConfig.model_fields) - set(LIVE_SETTINGS)
+# The number settings and what their numbers are (for the message that refuses anything else).
+_NUMBERS = {"prefetch_timeout_s": "seconds", "write_through_threshold": "hits",
+            "disk_load_host_share": "a fraction from 0 to 1", "disk_size": "GB (10^9 bytes), or null for unbounded"}
 
 
 class ConfigPatch(BaseModel):
@@ -110,10 +118,18 @@ class ConfigPatch(BaseModel):
 
     eviction_policy: EvictionPolicy | None = None
     prefetch_policy: PrefetchPolicy | None = None
-    prefetch_timeout_s: float | None = Field(None, gt=0, le=3600)
+    prefetch_timeout_s: float | None = Field(None, gt=0, le=3600, allow_inf_nan=False)
     write_through_threshold: int | None = Field(None, ge=1, le=2**31)
-    disk_load_host_share: float | None = Field(None, ge=0, le=1)
-    disk_size: float | None = Field(None, gt=0, le=1e9)
+    disk_load_host_share: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    disk_size: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False)
+
+    @field_validator(*_NUMBERS, mode="before")
+    @classmethod
+    def _a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic would read true as 1 and "5" as 5: a client that sends them has a bug to hear of.
+        if isinstance(value, (bool, str)):
+            raise ValueError(f"a number of {_NUMBERS[info.field_name]} is expected, not {json.dumps(value)}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -127,6 +143,12 @@ class ConfigPatch(BaseModel):
             if unknown:
                 raise ValueError(f"unknown setting {', '.join(unknown)}; live settings: {', '.join(LIVE_SETTINGS)}")
         return data
+
+    def check_disk_size(self, page_size_bytes: int) -> None:
+        """Raises ValueError (naming disk_size) when the disk_size given holds no whole page."""
+        if self.disk_size is not None and int(self.disk_size * GB) < page_size_bytes:
+            raise ValueError(f"disk_size: {self.disk_size:g} GB holds no page of {page_size_bytes} bytes; give at "
+                             f"least {page_size_bytes / GB:g}, or null for unbounded")
 
     def changes(self) -> dict[str, Any]:
         """The settings given, nulls included where they mean something (disk_size: unbounded)."""

@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 
 from chunkstore.cache.stats import TierUsage
 from chunkstore.store import NamespaceStats, StoreStats
+from chunkstore.write_health import WriteHealth
 
 from api.backend.base import BackendSnapshot
 from api.schemas.common import BackendName, TierName
@@ -46,6 +47,25 @@ class PathPublic(BaseModel):
     gbps: float
 
 
+class WriteHealthPublic(BaseModel):
+    """The disk tier's writes since the store was opened (by this process)."""
+
+    degraded: bool = Field(description="the last write to the disk failed and none has succeeded since (a full "
+                                       "disk, say): new pages stay in memory only; serving goes on")
+    failures: int = Field(description="failed writes: a chunk file, a batch's publish or index commit, an index "
+                                      "flush")
+    failed_pages: int = Field(description="pages those failures left unwritten")
+    last_error: str | None = Field(description="what failed last and why, e.g. 'chunk file: [ENOSPC] No space left "
+                                               "on device'")
+    last_error_at: float | None = Field(description="epoch seconds of the last failure")
+    last_ok_at: float | None = Field(description="epoch seconds of the last write that succeeded")
+
+    @classmethod
+    def of(cls, h: WriteHealth) -> "WriteHealthPublic":
+        return cls(degraded=h.degraded, failures=h.failures, failed_pages=h.failed_pages, last_error=h.last_error,
+                   last_error_at=h.last_error_at, last_ok_at=h.last_ok_at)
+
+
 class DiskPublic(BaseModel):
     num_chunks: int
     raw_bytes: int
@@ -57,7 +77,9 @@ class DiskPublic(BaseModel):
     dedup_hits: int
     evictions: int
     quarantined: int
-    write_errors: int | None = Field(None, description="store-wide only")
+    write_errors: int | None = Field(None, description="failed page writes, kept in the index across restarts; "
+                                                      "store-wide only")
+    write_health: WriteHealthPublic | None = Field(None, description="store-wide only")
     read_only: bool
 
     @classmethod
@@ -65,7 +87,8 @@ class DiskPublic(BaseModel):
         return cls(num_chunks=s.num_chunks, raw_bytes=s.raw_bytes, stored_bytes=s.stored_bytes,
                    capacity_bytes=s.capacity_bytes, compression_ratio=s.compression_ratio, hits=s.hits,
                    misses=s.misses, dedup_hits=s.dedup_hits, evictions=s.evictions, quarantined=s.quarantined,
-                   write_errors=s.write_errors, read_only=read_only)
+                   write_errors=s.write_errors, write_health=WriteHealthPublic.of(s.write_health),
+                   read_only=read_only)
 
     @classmethod
     def of_namespace(cls, n: NamespaceStats, read_only: bool) -> "DiskPublic":

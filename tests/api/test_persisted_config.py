@@ -61,12 +61,14 @@ def test_a_bad_file_or_value_is_skipped(tmp_path, caplog):
         assert cache.tree.policy is EvictionPolicy.LRU
     assert "ignoring the persisted settings" in caplog.text
     (root / FILE_NAME).write_text(json.dumps({"version": 1, "settings": {
-        "eviction_policy": "random", "page_size": 8, "prefetch_timeout_s": 2}}))
+        "eviction_policy": "random", "page_size": 8, "prefetch_timeout_s": 2, "disk_size": 5e-324}}))
     with TieredCache(make_config(tmp_path), TINY) as cache:
         create_app(CacheBackend(cache), settings())
         assert cache.tree.policy is EvictionPolicy.LRU and cache.config.page_size == TINY.page_size
         assert cache.config.prefetch_timeout_s == 2.0  # the good one still applies
+        assert cache.config.disk_size is None  # a size that holds no page, kept before PATCH refused it
     assert "eviction_policy='random' not applied" in caplog.text and "page_size=8 not applied" in caplog.text
+    assert "disk_size=5e-324 not applied" in caplog.text
 
 
 def test_offline_store_keeps_disk_size(tmp_path):

@@ -1,6 +1,7 @@
 // Overview: the tiers' usage (used / capacity and the evictable share), hit rate, TTFT, throughput and
 // transfer rates over time (GET /stats/history, then live from GET /events), bytes moved per path,
-// queue depths, compression and quarantined chunks, all as the API reports them.
+// queue depths, compression and quarantined chunks, all as the API reports them. A badge in the status
+// line says whether the disk tier's writes succeed (disk.write_health.degraded: the last write failed).
 
 import * as api from "../api.js";
 import {TimeChart} from "../charts.js";
@@ -8,6 +9,21 @@ import {bytes, dl, fill, h, num, pct, seconds, table, when} from "../dom.js";
 import * as series from "../series.js";
 
 const TIER_NAMES = {device: "Device", host: "Host", disk: "Disk"};
+
+// The disk's write health as a badge: hidden without a disk tier (and for a namespace's figures).
+function showDiskHealth(badge, note, wh) {
+  badge.hidden = !wh;
+  note.hidden = !(wh && wh.degraded);
+  if (!wh) return;
+  badge.dataset.state = wh.degraded ? "degraded" : "ok";
+  badge.textContent = wh.degraded ? "Disk degraded: writes failing" : "Disk writes OK";
+  badge.title = wh.last_error ? `last failed write: ${wh.last_error}` : "no failed write since the store opened";
+  if (wh.degraded) {
+    fill(note, h("strong", {}, "Disk degraded: "), `${num(wh.failures)} write(s) failed since the store opened `,
+      `(${num(wh.failed_pages)} page(s)); the last, ${when(wh.last_error_at)}: ${wh.last_error}. `,
+      "New pages stay in memory only (serving goes on) until a write succeeds: free space in the data folder.");
+  }
+}
 
 function tierBox(t) {
   const cap = t.capacity_bytes;
@@ -36,7 +52,9 @@ function tierBox(t) {
 export function createOverview(section, ctx) {
   const status = h("p", {class: "status", "aria-live": "polite"});
   const live = h("span", {class: "live", dataset: {state: "off"}}, "not connected");
+  const diskHealth = h("span", {class: "badge", id: "disk-health", role: "status", hidden: true});
   const warning = h("p", {class: "warning", hidden: true});
+  const writeWarning = h("p", {class: "warning", id: "disk-write-warning", hidden: true});
   const tiers = h("div", {class: "tiers", id: "overview-tiers"});
   const figures = h("div", {class: "figures"});
   const boxes = {hit: h("div", {id: "chart-hit-rate"}), ttft: h("div", {id: "chart-ttft"}),
@@ -47,7 +65,8 @@ export function createOverview(section, ctx) {
   const evicted = h("div");
   fill(section,
     h("h2", {tabindex: "-1"}, "Overview"),
-    h("div", {class: "status-line"}, status, live),
+    h("div", {class: "status-line"}, status, live, diskHealth),
+    writeWarning,
     warning,
     h("section", {"aria-labelledby": "tiers-h"}, h("h3", {id: "tiers-h", class: "section-title"}, "Tiers"), tiers),
     figures,
@@ -97,6 +116,7 @@ export function createOverview(section, ctx) {
       st.namespace ? ` · namespace ${st.namespace}` : "", ` · up ${seconds(st.uptime_s)} · figures of ${when(st.taken_at)}`);
     fill(tiers, st.tiers.map(tierBox));
     const d = st.disk;
+    showDiskHealth(diskHealth, writeWarning, d ? d.write_health : null);
     warning.hidden = !(d && d.quarantined > 0);
     if (d && d.quarantined > 0) {
       fill(warning, h("strong", {}, "Warning: "), `${num(d.quarantined)} chunk file(s) failed verification and were `,
@@ -117,6 +137,7 @@ export function createOverview(section, ctx) {
       ["Disk raw / stored", `${bytes(d.raw_bytes)} / ${bytes(d.stored_bytes)}`],
       ["Disk hits / misses", `${num(d.hits)} / ${num(d.misses)}`], ["Dedup hits", num(d.dedup_hits)],
       ["Quarantined chunks", num(d.quarantined)], ["Write errors", num(d.write_errors)],
+      ["Failed writes since opened", d.write_health ? num(d.write_health.failures) : "—"],
       ["Disk read-only", d.read_only ? "yes" : "no"]);
     fill(figures, h("h3", {class: "section-title"}, "Figures"), dl(pairs, {class: "kpis", id: "overview-figures"}));
     const pathRows = Object.entries(st.paths).map(([name, p]) => [name.replaceAll("_", " "), bytes(p.num_bytes),
