@@ -114,7 +114,7 @@ def test_chunk_browser_filters_sorts_and_opens_a_chunk(dashboard, server):
     page.click("#chunk-list tbody tr:first-child button.key")
     page.wait_for_selector("#chunk-detail:not([hidden])")
     assert page.inner_text("#chunk-detail-key") == key
-    detail = server.client.get(f"/api/v1/chunks/{key}").json()
+    detail = server.client.get(f"/api/v1/chunks/{key}", headers=ADMIN).json()
     assert page.inner_text("#chunk-detail-tokens").split() == [str(t) for t in detail["token_ids"]]
     assert page.inner_text("#chunk-detail-text").strip()
     page.click("#chunk-detail button:text-is('Pin')")
@@ -123,6 +123,13 @@ def test_chunk_browser_filters_sorts_and_opens_a_chunk(dashboard, server):
     page.click("#chunk-detail button:text-is('Unpin')")
     page.wait_for_selector("#chunk-detail button:text-is('Pin')")
     assert not d.errors
+    anonymous = dashboard().open("chunks", token=None)  # a prompt's tokens are shown to a token's holder only
+    anonymous.page.wait_for_selector("#chunk-list tbody tr")
+    anonymous.page.click("#chunk-list tbody tr:first-child button.key")
+    anonymous.page.wait_for_selector("#chunk-detail:not([hidden])")
+    for part in ("#chunk-detail-tokens", "#chunk-detail-text"):
+        assert anonymous.page.inner_text(part).startswith("hidden: give the admin token")
+    assert not anonymous.errors
 
 
 def test_an_eviction_is_previewed_then_confirmed_and_the_disk_usage_changes(dashboard, server):
