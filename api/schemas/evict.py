@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import BackendName, KeyHex, NamespaceName, TierName
+from api.schemas.common import BackendName, KeyHex, NamespaceName, RequestBody, TierName
 
 
-class EvictRequest(BaseModel):
+class EvictRequest(RequestBody):
     """By ``key`` (with ``descendants``), or in the tier's eviction order by any of ``bytes_to_free`` /
     ``fraction`` (of the cached pages or stored bytes, of ``namespace`` when given), ``older_than_s``
     (last access) and ``namespace``; pinned chunks (disk) and locked pages (memory) never go."""
-
-    model_config = ConfigDict(extra="forbid")
 
     tier: TierName = "disk"
     bytes_to_free: int | None = Field(None, ge=1, le=2**62)
@@ -56,9 +54,7 @@ class EvictResult(BaseModel):
     is_complete: bool = Field(description="False when max_chunks cut the eviction short: call again")
 
 
-class FlushRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FlushRequest(RequestBody):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="longest wait for the transfers")
 
 
@@ -68,9 +64,7 @@ class FlushResult(BaseModel):
     failed_pages: int = Field(description="pages the policy keeps that could not be written down")
 
 
-class ClearRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ClearRequest(RequestBody):
     tier: Literal["device", "host", "disk", "all"]
     confirm: bool = Field(False, description="must be true: clearing the disk tier deletes every chunk, "
                                              "pinned ones included")

@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from api.jobs import Job, JobKind, JobState
+from api.schemas.common import RequestBody
 
 
-class VerifyParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class VerifyParams(RequestBody):
     repair: bool = Field(False, description="quarantine corrupt files, drop rows of missing ones, adopt orphans")
 
 
-class RebuildParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RebuildParams(RequestBody):
+    pass
 
 
-class GcParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GcParams(RequestBody):
     purge_quarantine: bool = False
     disk_size_bytes: int | None = Field(None, ge=1, le=2**62, description="evict down to this many stored bytes")
 

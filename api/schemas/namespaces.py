@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from api.schemas.common import RequestBody
 from chunkstore.cache.stats import NamespaceLookups
 from chunkstore.store import NamespaceStats
 
@@ -48,9 +49,7 @@ class NamespaceList(BaseModel):
     items: list[NamespacePublic]
 
 
-class QuotaUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class QuotaUpdate(RequestBody):
     quota_bytes: int | None = Field(ge=0, le=2**62, description="stored bytes the namespace may use; null removes "
                                                                 "the quota. Applies at its next put, which evicts "
                                                                 "within the namespace to fit")

@@ -96,3 +96,23 @@ def test_the_offline_store_refuses_a_size_below_one_page(tmp_path):
         assert not (root / FILE_NAME).exists()
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("method,path,body,field", [
+    ("POST", "/evict", {"bytes_to_free": True, "dry_run": True}, "bytes_to_free"),
+    ("POST", "/evict", {"bytes_to_free": "10", "dry_run": True}, "bytes_to_free"),
+    ("POST", "/evict", {"older_than_s": True, "dry_run": True}, "older_than_s"),
+    ("POST", "/evict", {"namespace": "default", "dry_run": "yes"}, "dry_run"),
+    ("PUT", "/namespaces/default/quota", {"quota_bytes": True}, "quota_bytes"),
+    ("POST", "/flush", {"timeout_s": True}, "timeout_s"),
+    ("POST", "/clear", {"tier": "disk", "confirm": 1}, "confirm"),
+    ("POST", "/jobs/gc", {"disk_size_bytes": False}, "disk_size_bytes"),
+    ("POST", "/jobs/verify", {"repair": "true"}, "repair"),
+])
+def test_every_body_takes_numbers_and_booleans_as_json_types_only(store_server, method, path, body, field):
+    with store_server.client() as c:
+        r = c.request(method, path, json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["param"] == field
+        assert c.get("/namespaces").json()["items"][0]["quota_bytes"] is None  # nothing changed
+        assert c.get("/stats").json()["disk"]["num_chunks"] == 10
