@@ -1,6 +1,10 @@
 // The page's only way to the management API: its base path relative to the page (api/v1/), the token
 // from this tab's session storage sent as `Authorization: Bearer` (never a cookie), and every failed
 // call handed to the error listener before it is thrown, so none goes unseen.
+// A call answered 401 asks for a token (the unauthorized listener: the token dialog) and is made again
+// once the token differs from the one it was sent with; it fails (and is reported) only when the
+// token stays the same. So the page calls without a token until a call says one is needed; sending
+// the same call again is safe, as a call answered 401 has changed nothing on the server.
 
 export const API_BASE = new URL("api/v1/", document.baseURI);
 const TOKEN_KEY = "chunkstore.admin-token";
@@ -27,10 +31,17 @@ function report(error) {
   return error;
 }
 
+let unauthorizedListener = null;
+
+/** ``fn(error)`` is called with a 401 ApiError before it is reported and returns a promise that settles
+ * when the user has answered (the token may have changed); the call is then made again if it has.
+ * Concurrent 401s may share one answer. */
+export function onUnauthorized(fn) {
+  unauthorizedListener = fn;
+}
+
 export const token = {
   get: () => sessionStorage.getItem(TOKEN_KEY) || "",
-  /** Whether the user has answered the token question in this tab (a token, or none). */
-  isChosen: () => sessionStorage.getItem(TOKEN_KEY) !== null,
   set: (value) => sessionStorage.setItem(TOKEN_KEY, value.trim()),
   clear: () => sessionStorage.setItem(TOKEN_KEY, ""),
 };
@@ -50,7 +61,7 @@ function url(path, query) {
   return u;
 }
 
-async function failure(response, method, path) {
+async function parseFailure(response, method, path) {
   let code = `http_${response.status}`;
   let message = response.statusText || "request failed";
   try {
@@ -60,7 +71,21 @@ async function failure(response, method, path) {
   } catch {
     // not JSON: keep the status text
   }
-  return report(new ApiError(response.status, code, message, method, path));
+  return new ApiError(response.status, code, message, method, path);
+}
+
+/** ``send()`` (a fetch with the token of now) until it answers other than 401, or answers 401 and the
+ * user's answer leaves the token as it was: then the 401 is reported and thrown. */
+async function authorized(send, method, path) {
+  for (;;) {
+    const sentWith = token.get();
+    const response = await send();
+    if (response.status !== 401) return response;
+    const error = await parseFailure(response, method, path);
+    // A token given meanwhile (to another call's question) is tried at once, without asking again.
+    if (token.get() === sentWith && unauthorizedListener) await unauthorizedListener(error);
+    if (token.get() === sentWith) throw report(error);
+  }
 }
 
 /** One JSON call: ``call("POST", "evict", {body: {...}})``. Resolves to the parsed answer; rejects with a
@@ -68,16 +93,16 @@ async function failure(response, method, path) {
 export async function call(method, path, {query, body, signal} = {}) {
   let response;
   try {
-    response = await fetch(url(path, query), {
+    response = await authorized(() => fetch(url(path, query), {
       method, signal, credentials: "omit", cache: "no-store",
       headers: headers(body === undefined ? {} : {"Content-Type": "application/json"}),
       body: body === undefined ? undefined : JSON.stringify(body),
-    });
+    }), method, path);
   } catch (exc) {
-    if (exc.name === "AbortError") throw exc;
+    if (exc instanceof ApiError || exc.name === "AbortError") throw exc;
     throw report(new ApiError(0, "unreachable", `the server could not be reached (${exc.message})`, method, path));
   }
-  if (!response.ok) throw await failure(response, method, path);
+  if (!response.ok) throw report(await parseFailure(response, method, path));
   return response.status === 204 ? null : response.json();
 }
 
@@ -96,14 +121,15 @@ export const post = (path, body = {}) => call("POST", path, {body});
 export async function* events(query, signal) {
   let response;
   try {
-    response = await fetch(url("events", query), {
+    response = await authorized(() => fetch(url("events", query), {
       signal, credentials: "omit", cache: "no-store", headers: headers({Accept: "text/event-stream"}),
-    });
+    }), "GET", "events");
   } catch (exc) {
+    if (exc instanceof ApiError) throw exc;
     if (exc.name === "AbortError") return;
     throw report(new ApiError(0, "unreachable", `the event stream could not be opened (${exc.message})`, "GET", "events"));
   }
-  if (!response.ok) throw await failure(response, "GET", "events");
+  if (!response.ok) throw report(await parseFailure(response, "GET", "events"));
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   try {

@@ -1,4 +1,6 @@
 // Building the page: elements from data (text only, never HTML from the API) and the figures' formats.
+// Sizes and rates are shown in decimal units (B, kB, MB, GB, TB: powers of 1000, as the API and the
+// settings count them), in the unit that keeps the shown mantissa below 1000.
 
 /** h("button", {type: "button", onclick}, "text", child, ...): an element; null/false children are skipped. */
 export function h(tag, attrs = {}, ...children) {
@@ -43,14 +45,29 @@ export function table(caption, headers, rows, attrs = {}) {
       h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, i) => h("td", {dataset: {label: headers[i]}}, c)))))));
 }
 
-const DECIMAL = [["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["kB", 1e3]];
+const DECIMAL_UNITS = ["B", "kB", "MB", "GB", "TB", "PB"];
 
-/** 1234567 -> "1.23 MB" (powers of 10, as the project's sizes); null -> "—". */
-export function bytes(n) {
-  if (n === null || n === undefined) return "—";
-  for (const [unit, size] of DECIMAL) if (Math.abs(n) >= size) return `${(n / size).toPrecision(3)} ${unit}`;
-  return `${n} B`;
+/** ``n`` in the largest decimal unit (powers of 1000, as the project's sizes) that keeps the mantissa,
+ * rounded to 3 significant digits, below 1000: 999e6 -> "999 MB", 999.7e6 -> "1.00 GB" (never
+ * "1.00e+3 MB"). Whole numbers of the first unit stay whole ("512 B"). */
+function decimal(n, suffix) {
+  if (n === null || n === undefined || Number.isNaN(n)) return "—";
+  let value = Number(n);
+  let unit = 0;
+  while (unit < DECIMAL_UNITS.length - 1 && Math.abs(Number(value.toPrecision(3))) >= 1000) {
+    value /= 1000;
+    unit++;
+  }
+  const text = unit === 0 && Number.isInteger(value) ? String(value)
+    : Math.abs(value) < 0.01 ? value.toFixed(2) : value.toPrecision(3);
+  return `${text} ${DECIMAL_UNITS[unit]}${suffix}`;
 }
+
+/** 1234567 -> "1.23 MB", 1e9 -> "1.00 GB", 1.5e12 -> "1.50 TB" (powers of 10); null -> "—". */
+export const bytes = (n) => decimal(n, "");
+
+/** A transfer rate in bytes per second: 2.5e9 -> "2.50 GB/s" (powers of 10, as bytes()); null -> "—". */
+export const bytesPerSecond = (n) => decimal(n, "/s");
 
 const UNITS = {b: 1, kb: 1e3, k: 1e3, mb: 1e6, m: 1e6, gb: 1e9, g: 1e9, tb: 1e12, t: 1e12,
                kib: 2 ** 10, mib: 2 ** 20, gib: 2 ** 30, tib: 2 ** 40};

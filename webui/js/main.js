@@ -1,6 +1,9 @@
 // The dashboard's shell: the views behind the navigation (#overview, #namespaces, #chunks, #controls,
-// #settings), the token dialog (first visit, and after a 401), and the error list, where every failed
-// API call is shown until dismissed.
+// #settings), the token dialog, and the error list, where every failed API call is shown until dismissed.
+// Invariants: the page opens on its data with no question (on a loopback server without tenants reads
+// need no token); the dialog comes up by itself only when a call answers 401, saying which call, and
+// the calls waiting on it are made again with the token given (api.js), not by reloading the view;
+// opened from the Token… button (or an error's "Enter token"), a new token reloads the current view.
 
 import * as api from "./api.js";
 import {h, fill, when} from "./dom.js";
@@ -14,6 +17,7 @@ const errorList = document.getElementById("errors");
 const dialog = document.getElementById("token-dialog");
 const tokenForm = document.getElementById("token-form");
 const tokenInput = document.getElementById("token-input");
+const tokenReason = document.getElementById("token-reason");
 const authState = document.getElementById("auth-state");
 
 // ---- errors ---------------------------------------------------------------------------------------
@@ -60,34 +64,56 @@ window.addEventListener("error", (event) => {
 // ---- token ----------------------------------------------------------------------------------------
 
 function renderAuth() {
-  authState.textContent = api.token.get() ? "Token: set (this tab)" : "No token (read-only on loopback)";
+  authState.textContent = api.token.get() ? "Token: set (this tab)" : "No token";
 }
 
-function openTokenDialog() {
+// The calls that answered 401 and wait for the dialog's answer (one answer for all of them).
+let waiting = null;
+
+/** ``error``: the 401 that asks (its call is named in the dialog); none: opened by the user. */
+function openTokenDialog(error = null) {
+  tokenReason.hidden = !error;
+  tokenReason.textContent = error ? `${error.method} ${error.path} answered 401: ${error.message.replace(/\.$/, "")}. ` +
+    "Give the token and the call is made again." : "";
   tokenInput.value = api.token.get();
   if (!dialog.open) dialog.showModal();
   tokenInput.focus();
 }
 
+api.onUnauthorized((error) => {
+  if (!waiting) {
+    let answered;
+    waiting = {promise: new Promise((resolve) => { answered = resolve; }), answered};
+    openTokenDialog(error);
+  }
+  return waiting.promise;
+});
+
 tokenForm.addEventListener("submit", (event) => {
   event.preventDefault();
   const action = event.submitter?.value || "save";
+  const before = api.token.get();
   if (action === "save") api.token.set(tokenInput.value);
   else api.token.clear();
   errorList.replaceChildren();
   errorList.hidden = true;
+  const asked = waiting !== null;
   dialog.close();
-  if (current) route(false);
+  // Asked by a 401: those calls are made again by api.js; asked by the user: reload the view.
+  if (!asked && current && api.token.get() !== before) route(false);
 });
 
 dialog.addEventListener("close", () => {
-  // Escape on the first visit means "no token", as the second button does.
-  if (!api.token.isChosen()) api.token.clear();
+  // Every way out (a button, Escape) answers the waiting calls: made again if the token changed,
+  // else failed with their 401 (listed with "Enter token").
   renderAuth();
-  if (!current) route(false);
+  if (waiting) {
+    waiting.answered();
+    waiting = null;
+  }
 });
 
-document.getElementById("token-button").addEventListener("click", openTokenDialog);
+document.getElementById("token-button").addEventListener("click", () => openTokenDialog());
 
 // ---- views ----------------------------------------------------------------------------------------
 
@@ -134,6 +160,5 @@ function route(moveFocus) {
 
 window.addEventListener("hashchange", () => route(true));
 renderAuth();
-if (api.token.isChosen()) route(false);
-else openTokenDialog();  // the first visit in this tab: ask before calling the API
+route(false);  // the data at once: a call that needs a token asks for it (api.onUnauthorized)
 fill(document.getElementById("api-base"), api.API_BASE.pathname);

@@ -69,4 +69,4 @@ export const hitRate = (samples) => rate(samples, (s) => s.hit_tokens, (s) => s.
 export const ttftMs = (samples) => rate(samples, (s) => s.ttft_sum_s, (s) => s.ttft_count, 1000);
 export const tokensPerSecond = (samples) => rate(samples, (s) => s.completion_tokens_total, "time");
 export const requestsPerSecond = (samples) => rate(samples, (s) => s.requests_total, "time");
-export const pathMBps = (samples, path) => rate(samples, (s) => s.bytes[path], "time", 1e-6);
+export const pathBytesPerSecond = (samples, path) => rate(samples, (s) => s.bytes[path], "time");

@@ -5,7 +5,7 @@
 
 import * as api from "../api.js";
 import {TimeChart} from "../charts.js";
-import {bytes, dl, fill, h, num, pct, seconds, table, when} from "../dom.js";
+import {bytes, bytesPerSecond, dl, fill, h, num, pct, seconds, table, when} from "../dom.js";
 import * as series from "../series.js";
 
 const TIER_NAMES = {device: "Device", host: "Host", disk: "Disk"};
@@ -76,7 +76,7 @@ export function createOverview(section, ctx) {
         h("figure", {}, h("figcaption", {}, "Hit rate (hit tokens / looked-up tokens)"), boxes.hit),
         h("figure", {}, h("figcaption", {}, "Time to first token (average per interval)"), boxes.ttft),
         h("figure", {}, h("figcaption", {}, "Throughput (completion tokens and requests per second)"), boxes.throughput),
-        h("figure", {}, h("figcaption", {}, "Transfers per path (MB/s)"), boxes.transfers))),
+        h("figure", {}, h("figcaption", {}, "Transfers per path (bytes per second)"), boxes.transfers))),
     h("div", {class: "grid2"}, paths, h("div", {}, queues, evicted)));
 
   let charts = null;
@@ -90,7 +90,7 @@ export function createOverview(section, ctx) {
       throughput: new TimeChart(boxes.throughput, {series: [{label: "tokens/s"}, {label: "requests/s"}],
                                                    format: (v) => (v < 10 ? v.toFixed(2) : v.toFixed(0))}),
       transfers: new TimeChart(boxes.transfers, {series: series.PATHS.map((p) => ({label: p.replaceAll("_", " ")})),
-                                                 format: (v) => (v < 10 ? v.toFixed(2) : v.toFixed(0))}),
+                                                 format: bytesPerSecond}),
     };
   }
 
@@ -106,7 +106,7 @@ export function createOverview(section, ctx) {
     const tps = series.tokensPerSecond(samples);
     const rps = series.requestsPerSecond(samples);
     charts.throughput.setData(tps.xs, [tps.ys, rps.ys], servingNote);
-    const rates = series.PATHS.map((p) => series.pathMBps(samples, p));
+    const rates = series.PATHS.map((p) => series.pathBytesPerSecond(samples, p));
     charts.transfers.setData(rates[0].xs, rates.map((r) => r.ys),
       has((s) => s.bytes.host_to_disk) ? "No transfers yet" : "No transfer figures (no live cache)");
   }
@@ -141,9 +141,9 @@ export function createOverview(section, ctx) {
       ["Disk read-only", d.read_only ? "yes" : "no"]);
     fill(figures, h("h3", {class: "section-title"}, "Figures"), dl(pairs, {class: "kpis", id: "overview-figures"}));
     const pathRows = Object.entries(st.paths).map(([name, p]) => [name.replaceAll("_", " "), bytes(p.num_bytes),
-      num(p.num_pages), num(p.num_ops), num(p.failed_pages), p.gbps.toFixed(2), seconds(p.max_s)]);
+      num(p.num_pages), num(p.num_ops), num(p.failed_pages), bytesPerSecond(p.gbps * 1e9), seconds(p.max_s)]);
     fill(paths, pathRows.length
-      ? table("Bytes moved per path", ["path", "bytes", "pages", "operations", "failed pages", "GB/s", "longest"], pathRows,
+      ? table("Bytes moved per path", ["path", "bytes", "pages", "operations", "failed pages", "rate", "longest"], pathRows,
         {class: "stack"})
       : h("p", {class: "hint"}, "No transfer paths (no memory tiers on this backend)."));
     const queueRows = Object.entries(st.queue_depths).map(([k, v]) => [k.replaceAll("_", " "), num(v)]);
