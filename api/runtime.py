@@ -44,7 +44,8 @@ class AdminRuntime:
         self.explicit_settings = backend.explicit_settings()
         self.apply_persisted()
         if self.token.source is TokenSource.GENERATED:
-            log.warning("generated an admin token into %s (mode 0600)", self.token.path)
+            # INFO, not WARNING: a first start is normal (the token itself is never logged).
+            log.info("generated an admin token into %s (mode 0600)", self.token.path)
         elif self.token.path is not None:
             log.info("admin token: %s", self.token.path)
 

@@ -1,52 +1,42 @@
 """The `chunkstore` command line: store inspection and care, schema upgrades, benchmarks, the server.
 
 Every store command takes --disk-path (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH) and
---json for machine-readable output; long work shows a progress bar on stderr. Exit codes: 0 ok,
-1 the command found problems (verify), 2 bad input or a store that cannot be opened.
+--json for machine-readable output (chunkstore/output.py: one meaning on every command); long work
+shows a progress bar on stderr when stderr is a terminal. Exit codes: 0 ok, 1 the command found
+problems (verify), 2 bad input or a store that cannot be opened.
+
+Invariant: a command imports only what it uses. The parser adds the options of the command being
+run only (a command's module may import torch, fastapi or transformers), so `--help`, `--version`
+and the store commands (stats, verify, rebuild, gc, evict, db upgrade) never import torch,
+transformers or fastapi (tests/test_cli_fast.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
-import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chunkstore import __version__
+from chunkstore.output import add_json_flag
+from chunkstore.sizes import argparse_type, parse_bytes, positive_gb
+
 DEFAULT_DATA_DIR = "chunkstore-data"
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-          "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
 class CliError(Exception):
     """A user-facing error: printed without a traceback, exit code 2."""
 
 
-def parse_size_bytes(text: str) -> int:
-    """'1048576', '500MB', '1.5G', '64KiB' -> bytes (K/M/G/T decimal, Ki/Mi/Gi/Ti binary)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 1048576, 500MB, 2GiB)")
-    unit = (m.group(2) or "").lower().rstrip("b")
-    value = float(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return int(value)
-
-
-def _positive_gb(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of GB: {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"--disk-size must be positive, got {text}")
-    return v
+parse_size_bytes = argparse_type(parse_bytes)  # '500MB', '2GiB', '1048576' (chunkstore/sizes.py)
+_positive_gb = argparse_type(positive_gb)  # --disk-size: GB, or a size such as 500GB
 
 
 def _jsonable(obj: Any) -> Any:
@@ -71,7 +61,9 @@ def _emit(args: argparse.Namespace, obj: Any, lines: Callable[[Any], list[str]])
 def _progress(total: int | None, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr, disable=None, leave=False)
+    # A bar only on a terminal: redirected stderr (a log, a pipe) gets no carriage-return noise.
+    return tqdm(total=total, desc=desc, unit="chunk", file=sys.stderr, disable=not sys.stderr.isatty(),
+                leave=False)
 
 
 def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = False):
@@ -192,40 +184,12 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_store(args: argparse.Namespace) -> int:
-    from chunkstore.bench import store as bench_store
-
-    return bench_store.run(args)
-
-
-def cmd_bench_tiers(args: argparse.Namespace) -> int:
-    from chunkstore.bench import tiers as bench_tiers
-
-    return bench_tiers.run(args)
-
-
-def cmd_bench_multiturn(args: argparse.Namespace) -> int:
-    from chunkstore.bench import multiturn as bench_multiturn
-
-    return bench_multiturn.run(args)
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from chunkstore.server import main as serve
-
-    return serve.run(args)
-
-
-def cmd_admin(args: argparse.Namespace) -> int:
-    from api import cli as admin_cli
-
-    return admin_cli.run(args)
-
-
-def cmd_soak_crash(args: argparse.Namespace) -> int:
-    from chunkstore import soak
-
-    return soak.run(args)
+def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
+    """A command whose options and code live in ``module`` (its ``add_arguments`` and ``run``),
+    imported only when that command runs or shows its help."""
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module).run(args)
+    return run
 
 
 # -- parser ----------------------------------------------------------------------------------
@@ -234,83 +198,104 @@ def _store_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--disk-path", default=os.environ.get("CHUNKSTORE_DISK_PATH", DEFAULT_DATA_DIR),
                    help="folder of the chunk store (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_json_flag(p)
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chunkstore", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = _store_parent()
-
-    p = sub.add_parser("stats", parents=[common], help="chunks, bytes, compression, hits per namespace")
-    p.set_defaults(func=cmd_stats)
-
-    p = sub.add_parser("verify", parents=[common], help="read and check every chunk")
+def _add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repair", action="store_true",
                    help="quarantine corrupt files, drop rows of missing files, adopt valid files without a row")
-    p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("rebuild", parents=[common], help="recreate the index from the chunk files alone")
-    p.set_defaults(func=cmd_rebuild)
 
-    p = sub.add_parser("gc", parents=[common], help="remove temp files, evict to --disk-size, checkpoint")
-    p.add_argument("--disk-size", type=_positive_gb, help="capacity in GB to evict down to")
+def _add_gc(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--disk-size", type=_positive_gb, metavar="GB|SIZE",
+                   help="capacity to evict down to: a number of GB (10^9 bytes), or a size such as 500GB")
     p.add_argument("--purge-quarantine", action="store_true", help="also delete quarantined files")
-    p.set_defaults(func=cmd_gc)
 
-    p = sub.add_parser("evict", parents=[common], help="evict by bytes (LRU, leaf-first) or a whole namespace")
-    p.add_argument("--bytes", type=parse_size_bytes, help="stored bytes to free, e.g. 500MB, 2GiB")
+
+def _add_evict(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bytes", type=parse_size_bytes, metavar="SIZE",
+                   help="stored bytes to free: a plain number of bytes, or a size such as 500MB, 2GiB")
     p.add_argument("--namespace", help="with --bytes: evict only from it; alone: delete all of it")
-    p.set_defaults(func=cmd_evict)
 
-    db = sub.add_parser("db", help="index schema commands")
-    dbsub = db.add_subparsers(dest="db_command", required=True, metavar="DB_COMMAND")
-    p = dbsub.add_parser("upgrade", parents=[common], help="apply the alembic migrations to the index")
-    p.set_defaults(func=cmd_db_upgrade)
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bsub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
-    p = bsub.add_parser("store", help="store throughput against raw disk I/O, compression, lookups")
-    from chunkstore.bench import store as bench_store
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One leaf command: its words, its help, what runs it and, for a command whose options live in
+    a module of their own (which may import torch or fastapi), that module."""
 
-    bench_store.add_arguments(p)
-    p.set_defaults(func=cmd_bench_store)
-    p = bsub.add_parser("tiers", help="match+insert cost, host->device and disk->device against baselines")
-    from chunkstore.bench import tiers as bench_tiers
+    path: tuple[str, ...]
+    help: str
+    func: Callable[[argparse.Namespace], int]
+    store: bool = False  # takes --disk-path and --json
+    add: Callable[[argparse.ArgumentParser], None] | None = None
+    module: str | None = None
 
-    bench_tiers.add_arguments(p)
-    p.set_defaults(func=cmd_bench_tiers)
-    p = bsub.add_parser("multiturn", help="multi-turn chat: hit rate, TTFT, throughput per cache configuration")
-    from chunkstore.bench import multiturn as bench_multiturn
 
-    bench_multiturn.add_arguments(p)
-    p.set_defaults(func=cmd_bench_multiturn)
+_GROUPS = {("db",): ("index schema commands", "DB_COMMAND"), ("bench",): ("benchmarks", "BENCH"),
+           ("soak",): ("long robustness runs", "SOAK")}
+COMMANDS = (
+    Command(("stats",), "chunks, bytes, compression, hits per namespace", cmd_stats, store=True),
+    Command(("verify",), "read and check every chunk", cmd_verify, store=True, add=_add_verify),
+    Command(("rebuild",), "recreate the index from the chunk files alone", cmd_rebuild, store=True),
+    Command(("gc",), "remove temp files, evict to --disk-size, checkpoint", cmd_gc, store=True, add=_add_gc),
+    Command(("evict",), "evict by bytes (LRU, leaf-first) or a whole namespace", cmd_evict, store=True,
+            add=_add_evict),
+    Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True),
+    Command(("bench", "store"), "store throughput against raw disk I/O, compression, lookups",
+            _delegate("chunkstore.bench.store"), module="chunkstore.bench.store"),
+    Command(("bench", "tiers"), "match+insert cost, host->device and disk->device against baselines",
+            _delegate("chunkstore.bench.tiers"), module="chunkstore.bench.tiers"),
+    Command(("bench", "multiturn"), "multi-turn chat: hit rate, TTFT, throughput per cache configuration",
+            _delegate("chunkstore.bench.multiturn"), module="chunkstore.bench.multiturn"),
+    Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
+            _delegate("chunkstore.server.main"), module="chunkstore.server.main"),
+    Command(("admin",), "the management REST API alone, over a store on disk", _delegate("api.cli"),
+            module="api.cli"),
+    Command(("soak", "crash"), "kill a writer with SIGKILL at random moments, check every key after",
+            _delegate("chunkstore.soak"), module="chunkstore.soak"),
+)
 
-    p = sub.add_parser("serve", help="OpenAI- and SGLang-compatible HTTP server over the engine and the cache")
-    from chunkstore.server import main as serve
 
-    serve.add_arguments(p)
-    p.set_defaults(func=cmd_serve)
+def _wanted(command: Command, argv: Sequence[str] | None) -> bool:
+    """Whether ``command``'s options are needed: all are when ``argv`` is None (the whole parser,
+    for docs and tests); else only those of the command named by argv's leading words (the top
+    level has no options before the command, so the command words come first)."""
+    if argv is None:
+        return True
+    return tuple(argv[:len(command.path)]) == command.path
 
-    p = sub.add_parser("admin", help="the management REST API alone, over a store on disk")
-    from api import cli as admin_cli
 
-    admin_cli.add_arguments(p)
-    p.set_defaults(func=cmd_admin)
-
-    soak_parser = sub.add_parser("soak", help="long robustness runs")
-    ssub = soak_parser.add_subparsers(dest="soak_command", required=True, metavar="SOAK")
-    p = ssub.add_parser("crash", help="kill a writer with SIGKILL at random moments, check every key after")
-    from chunkstore import soak
-
-    soak.add_arguments(p)
-    p.set_defaults(func=cmd_soak_crash)
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given ``argv``, only the command it names gets its options (see ``_wanted``)."""
+    parser = argparse.ArgumentParser(prog="chunkstore", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"chunkstore {__version__}")
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    groups: dict[tuple[str, ...], Any] = {}
+    common = _store_parent()
+    for command in COMMANDS:
+        sub = top
+        if len(command.path) > 1:
+            group = command.path[:-1]
+            if group not in groups:
+                title, metavar = _GROUPS[group]
+                group_parser = top.add_parser(group[-1], help=title)
+                groups[group] = group_parser.add_subparsers(dest=f"{group[-1]}_command", required=True,
+                                                            metavar=metavar)
+            sub = groups[group]
+        p = sub.add_parser(command.path[-1], parents=[common] if command.store else [], help=command.help)
+        if _wanted(command, argv):
+            if command.add is not None:
+                command.add(p)
+            if command.module is not None:
+                importlib.import_module(command.module).add_arguments(p)
+        p.set_defaults(func=command.func)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command == "evict" and args.bytes is None and args.namespace is None:
         parser.error("evict needs --bytes N and/or --namespace NS")

@@ -1,22 +1,33 @@
 """Applies the alembic migrations under alembic/ to a chunk index.
 
-Invariant: an index is always at the newest revision before the store uses it; the migration
+Invariants: an index is always at the newest revision before the store uses it; the migration
 scripts are found beside the package (editable install or source tree) or under
-``<prefix>/share/chunkstore/alembic`` (wheel install).
+``<prefix>/share/chunkstore/alembic`` (wheel install). Opening an index that is already current
+runs no alembic migration context, so it logs nothing; an upgrade logs each step once (alembic's
+own "Context impl" lines once per upgrade, not once per check). alembic is imported only for an
+upgrade, never to open a current index.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
 _HERE = Path(__file__).resolve().parent
+# alembic logs one INFO line per plugin it sets up on import: noise in a server's log (it is
+# imported lazily, so after the server configured logging).
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+VERSION_TABLE = "alembic_version"  # alembic's default, where it keeps an index's revision
 
 
 def script_location() -> Path:
@@ -27,20 +38,46 @@ def script_location() -> Path:
 
 
 def _config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(script_location()))
     return cfg
 
 
+def _script_revision(path: Path) -> tuple[str, str | None] | None:
+    """(revision, down_revision) of one migration script, read from its source without running it."""
+    found: dict[str, str | None] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id in ("revision", "down_revision"):
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+    return (found["revision"], found.get("down_revision")) if "revision" in found else None
+
+
+@functools.cache
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(_config()).get_current_head()
-    if head is None:
-        raise RuntimeError("no alembic head revision")
-    return head
+    """The newest revision of the installed scripts, read once per process. Parsed from the
+    scripts' ``revision`` / ``down_revision`` lines (the chain is linear) rather than through
+    alembic's ScriptDirectory, so that opening a current index never imports alembic (a test
+    checks both agree)."""
+    revisions = [r for f in sorted((script_location() / "versions").glob("*.py")) if (r := _script_revision(f))]
+    downs = {down for _, down in revisions}
+    heads = [rev for rev, _ in revisions if rev not in downs]
+    if len(heads) != 1:
+        raise RuntimeError(f"expected one alembic head revision, found {heads}")
+    return heads[0]
 
 
 def current_revision(connection: Connection) -> str | None:
-    return MigrationContext.configure(connection).get_current_revision()
+    """The index's revision, None for an index never migrated. Read from alembic's version table
+    directly: alembic's MigrationContext would log its "Context impl" lines for every check."""
+    if not inspect(connection).has_table(VERSION_TABLE):
+        return None
+    revisions = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(revisions) > 1:
+        raise RuntimeError(f"the index has several alembic heads: {sorted(revisions)}")
+    return revisions[0] if revisions else None
 
 
 def upgrade(connection: Connection) -> tuple[str | None, str]:
@@ -48,6 +85,8 @@ def upgrade(connection: Connection) -> tuple[str | None, str]:
     before = current_revision(connection)
     head = head_revision()
     if before != head:
+        from alembic import command
+
         cfg = _config()
         cfg.attributes["connection"] = connection
         command.upgrade(cfg, "head")

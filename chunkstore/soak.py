@@ -35,6 +35,7 @@ import torch
 from chunkstore.files import Durability
 from chunkstore.identity import ModelIdentity
 from chunkstore.keys import PageRef, chain_pages
+from chunkstore.output import add_json_flag
 from chunkstore.store import ChunkStore, read_identity
 
 SOAK_IDENTITY = ModelIdentity("soak", "bfloat16", 2, 2, 16, 4)
@@ -479,7 +480,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  "removed afterwards unless a cycle failed)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the kill schedule (default: random)")
     if "--json" not in parser._option_string_actions:
-        parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        add_json_flag(parser)  # the same --json as every command (chunkstore/output.py)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,9 @@ one process writes a store at a time (an exclusive lock file), one thread at a t
 every failed write (a chunk file, a publish, an index commit or flush) is counted, logged
 rate-limited, and marks the store degraded until a write succeeds; closing never raises for a
 full disk (what could not be written is reported, the index is closed).
+torch is imported only by what moves tensors (put, get, get_into, ``torch_dtype``): opening a store
+and its offline care (stats, verify, gc, evict; maintenance.py) never load it, so the CLI's store
+commands start in a fraction of a second.
 Files in the data folder are 0600 and folders 0700 (see files.py); a writer makes an existing
 store's top-level files and folders private on every open, and walks the chunk tree once, which
 ``store.json`` records.
@@ -16,6 +19,7 @@ store's top-level files and folders private on every open, and walks the chunk t
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import mmap
@@ -25,9 +29,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from sqlalchemy.exc import DBAPIError
 
 from chunkstore.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
@@ -39,6 +43,9 @@ from chunkstore.index import ChunkIndex, ChunkRow, Victim, db_files
 from chunkstore.keys import PageRef, encode_tokens, page_key
 from chunkstore.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 STORE_FILENAME = "store.json"
@@ -49,15 +56,22 @@ STORE_FORMAT = 1
 PRIVATE_MARKER = "private_files"
 _EVICT_BATCH = 256
 
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "uint8": torch.uint8,
-}
-for _name in ("float8_e4m3fn", "float8_e5m2"):
-    if hasattr(torch, _name):
-        TORCH_DTYPES[_name] = getattr(torch, _name)
+
+
+@functools.cache
+def torch_dtypes() -> dict[str, "torch.dtype"]:
+    """KV dtype name -> torch dtype, for the dtypes this torch has (imports torch on first use)."""
+    import torch
+
+    names = ("bfloat16", "float16", "float32", "uint8", "float8_e4m3fn", "float8_e5m2")
+    return {name: getattr(torch, name) for name in names if hasattr(torch, name)}
+
+
+def __getattr__(name: str):
+    # ``TORCH_DTYPES`` stays importable (PEP 562) without importing torch with this module.
+    if name == "TORCH_DTYPES":
+        return torch_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StoreBusyError(RuntimeError):
@@ -126,6 +140,8 @@ _COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "w
 
 def page_tensor_bytes(t: torch.Tensor) -> np.ndarray:
     """The bytes of a page as a 1-D uint8 numpy array (a view when ``t`` is a contiguous CPU tensor)."""
+    import torch
+
     t = t.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -192,8 +208,6 @@ class ChunkStore:
         reset_index: bool = False,
         failure_log_interval_s: float = LOG_INTERVAL_S,
     ):
-        if identity.kv_dtype not in TORCH_DTYPES:
-            raise ValueError(f"torch {torch.__version__} has no dtype {identity.kv_dtype}")
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.root = Path(path)
@@ -202,7 +216,6 @@ class ChunkStore:
         self.codec = codec or Codec.default_for(identity.itemsize)
         self.zstd_level = zstd_level
         self.read_only = read_only
-        self.torch_dtype = TORCH_DTYPES[identity.kv_dtype]
         self._max_file_bytes = identity.page_size_bytes + 8 * identity.page_size + (64 << 10)
         self._lock_fd: int | None = None
         self._closed = False
@@ -244,6 +257,17 @@ class ChunkStore:
         self._decode_pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="chunkstore-decode")
         self._pool = ThreadPoolExecutor(max_workers=self.num_workers,
                                         thread_name_prefix="chunkstore-write")
+
+    @functools.cached_property
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype of a page; the first tensor operation imports torch. Raises ValueError
+        when this torch lacks the store's dtype."""
+        dtypes = torch_dtypes()
+        if self.identity.kv_dtype not in dtypes:
+            import torch
+
+            raise ValueError(f"torch {torch.__version__} has no dtype {self.identity.kv_dtype}")
+        return dtypes[self.identity.kv_dtype]
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -293,7 +317,9 @@ class ChunkStore:
         elif stored != self.identity and not allow_other_models:
             raise ModelMismatchError(
                 f"the store at {self.root} holds KV of {stored}, not {self.identity}; "
-                "use another --disk-path, or allow other models (keys keep them apart)"
+                "give this model a data folder of its own (`--disk-path DIR`, or another folder in "
+                "ChunkStore(...)); from Python, ChunkStore(..., allow_other_models=True) shares this one "
+                "(keys keep the models apart)"
             )
 
     def close(self) -> None:
@@ -469,6 +495,8 @@ class ChunkStore:
 
     def get(self, pages: Sequence[PageRef]) -> list[torch.Tensor | None]:
         """Load pages; each is a verified tensor of ``identity.page_shape``, or None for a miss."""
+        import torch
+
         outs = [torch.empty(self.identity.page_shape, dtype=self.torch_dtype) for _ in pages]
         ok = self.get_into(pages, outs)
         return [t if hit else None for t, hit in zip(outs, ok)]
@@ -557,6 +585,8 @@ class ChunkStore:
         try:
             if out.device.type == "cpu" and out.is_contiguous():
                 return self._verify_view(page.key, view, page, page_tensor_bytes(out)).status
+            import torch
+
             tmp = torch.empty(self.identity.page_shape, dtype=self.torch_dtype)
             status = self._verify_view(page.key, view, page, page_tensor_bytes(tmp)).status
             if status == "ok":

@@ -34,10 +34,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory) -> tuple[dict, object]:
-    """One tiny run through the CLI entry point, with --keep and --json."""
+    """One tiny run through the CLI entry point, with --keep and --output."""
     root = tmp_path_factory.mktemp("bench")
     keep, out = root / "keep", root / "result.json"
-    assert bench.run(parse([*TINY, "--keep", str(keep), "--json", str(out)])) == 0
+    assert bench.run(parse([*TINY, "--keep", str(keep), "--output", str(out)])) == 0
     return json.loads(out.read_text()), keep
 
 
@@ -111,7 +111,7 @@ def test_pure_function_cleans_up_its_temp_folder(tmp_path, monkeypatch):
     (["--dtype", "int7"], "valid dtypes: bfloat16"),
     (["--kv-source", "model"], "valid values: synthetic"),
     (["--codec", "lz4"], "valid values: none"),
-    (["--json", "/nonexistent-folder/x.json"], "does not exist"),
+    (["--output", "/nonexistent-folder/x.json"], "does not exist"),
 ])
 def test_invalid_options_exit_2_with_a_clear_error(argv, message, capsys):
     assert bench.run(parse([*TINY, *argv])) == 2

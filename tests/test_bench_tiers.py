@@ -25,7 +25,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_a_tiny_run_reports_every_figure(tmp_path, capsys):
     out = tmp_path / "tiers.json"
-    assert bench.run(parse([*TINY, "--json", str(out)])) == 0
+    assert bench.run(parse([*TINY, "--output", str(out)])) == 0
     r = json.loads(out.read_text())
     for key in FIGURES:
         assert isinstance(r[key], float) and math.isfinite(r[key]) and r[key] > 0, key
@@ -43,7 +43,7 @@ def test_a_tiny_run_reports_every_figure(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--conversations", "0"], "num_conversations must be > 0"),
     (["--request-tokens", "10"], "at least one page"),
-    (["--json", "/no/such/folder/x.json"], "does not exist"),
+    (["--output", "/no/such/folder/x.json"], "does not exist"),
 ])
 def test_bad_options_are_refused(argv, message, capsys):
     assert bench.run(parse([*TINY, *argv])) == 2

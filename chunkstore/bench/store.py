@@ -11,7 +11,6 @@ checked byte for byte after its timer stops. Timing targets are reported, never 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import mmap
 import multiprocessing
@@ -46,16 +45,20 @@ from chunkstore.bench.kvdata import (
     make_pages,
     plane_entropies_bits,
 )
+from chunkstore.cache.config import CacheConfig
 from chunkstore.codec import Codec
 from chunkstore.identity import DTYPE_ITEMSIZE, ModelIdentity
 from chunkstore.index import ChunkRow
 from chunkstore.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
+from chunkstore.output import add_output_arguments, check_output_path, emit_result
 from chunkstore.store import (
     TORCH_DTYPES,
     ChunkStore,
     default_num_workers,
     page_tensor_bytes,
 )
+
+SERVE_PAGE_SIZE = CacheConfig.model_fields["page_size"].default  # `chunkstore serve`'s page size
 
 CHAIN_PAGES = 128  # pages per synthetic prompt, and the chain length exists() is timed on
 VOCAB_SIZE = 128_256  # Llama-3's, for plausible token ids
@@ -202,7 +205,7 @@ def raw_read_direct_into(path: Path, out: np.ndarray) -> None:
 
 def _progress(cfg: StoreBenchConfig, total: int, desc: str, unit: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True,
-                disable=not cfg.show_progress)
+                disable=not cfg.show_progress or not sys.stderr.isatty())  # bars on a terminal only
 
 
 def _page_refs(identity: ModelIdentity, num_pages: int, seed: int) -> list[PageRef]:
@@ -541,13 +544,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep", metavar="DIR", type=Path, default=None,
                         help="write under DIR (new or empty) and leave the stores there (store/, index/); "
                              "the raw-file baseline is always deleted. Default: a temporary folder")
-    parser.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the results as JSON")
+    add_output_arguments(parser)
     parser.add_argument("--layers", type=int, default=d.num_layers, help=f"model layers (default {d.num_layers})")
     parser.add_argument("--kv-heads", type=int, default=d.num_kv_heads,
                         help=f"KV heads (default {d.num_kv_heads})")
     parser.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dimension (default {d.head_dim})")
     parser.add_argument("--page-size", type=int, default=d.page_size,
-                        help=f"tokens per page (default {d.page_size})")
+                        help=f"tokens per page (default {d.page_size}, not serve's {SERVE_PAGE_SIZE}: 2 MiB chunks "
+                             f"of the Llama-3-8B-like shape, the size the targets were set for)")
     parser.add_argument("--dtype", default=d.dtype, help=f"KV dtype (default {d.dtype})")
     parser.add_argument("--kv-source", default=d.kv_source.value,
                         help=f"where the KV comes from: {', '.join(s.value for s in KVSource)} "
@@ -576,12 +580,11 @@ def config_from_args(args: argparse.Namespace) -> StoreBenchConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark, print the table, write --json. Exit code: 0 done, 1 the store failed (or
+    """Run the benchmark, print the table (or the JSON), write --output. Exit code: 0 done, 1 the store failed (or
     a target was missed under --strict), 2 invalid options."""
     try:
         cfg = config_from_args(args)
-        if args.json is not None and not args.json.parent.is_dir():
-            raise ValueError(f"--json {args.json}: folder {args.json.parent} does not exist")
+        check_output_path(args)
     except ValueError as exc:
         print(f"chunkstore bench store: error: {exc}", file=sys.stderr)
         return 2
@@ -590,7 +593,5 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"chunkstore bench store: the store failed: {exc}", file=sys.stderr)
         return 1
-    print(format_table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    emit_result(args, result, format_table(result))
     return 1 if args.strict and not result["all_pass"] else 0

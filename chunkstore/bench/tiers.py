@@ -10,7 +10,6 @@ reported, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -37,6 +36,9 @@ from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.identity import ModelIdentity
 from chunkstore.keys import chain_pages
+from chunkstore.output import add_output_arguments, check_output_path, emit_result
+
+SERVE_PAGE_SIZE = CacheConfig.model_fields["page_size"].default  # `chunkstore serve`'s page size
 
 VOCAB_SIZE = 128_256
 
@@ -89,7 +91,7 @@ class TiersBenchConfig:
 
 def _progress(cfg: TiersBenchConfig, total: int, desc: str) -> tqdm:
     return tqdm(total=total, desc=desc, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True,
-                disable=not cfg.show_progress)
+                disable=not cfg.show_progress or not sys.stderr.isatty())  # bars on a terminal only
 
 
 def _tokens(rng: np.random.Generator, n: int) -> list[int]:
@@ -289,7 +291,7 @@ def format_table(r: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``chunkstore bench tiers``."""
     d = TiersBenchConfig()
-    parser.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the results as JSON")
+    add_output_arguments(parser)
     parser.add_argument("--conversations", type=int, default=d.num_conversations,
                         help=f"conversations in the tree for match+insert (default {d.num_conversations})")
     parser.add_argument("--request-tokens", type=int, default=d.request_tokens,
@@ -306,7 +308,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", type=int, default=d.num_kv_heads, help=f"KV heads (default {d.num_kv_heads})")
     parser.add_argument("--head-dim", type=int, default=d.head_dim, help=f"head dimension (default {d.head_dim})")
     parser.add_argument("--page-size", type=int, default=d.page_size,
-                        help=f"tokens per page for the transfers (default {d.page_size})")
+                        help=f"tokens per page for the transfers (default {d.page_size}, not serve's "
+                             f"{SERVE_PAGE_SIZE}: 2 MiB chunks of the Llama-3-8B-like shape, as bench store)")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of tokens and KV (default {d.seed})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -320,8 +323,7 @@ def run(args: argparse.Namespace) -> int:
             match_page_size=args.match_page_size, num_requests=args.requests, size_mb=args.size_mb,
             batch_pages=args.batch_pages, num_layers=args.layers, num_kv_heads=args.kv_heads,
             head_dim=args.head_dim, page_size=args.page_size, seed=args.seed, show_progress=not args.no_progress)
-        if args.json is not None and not args.json.parent.is_dir():
-            raise ValueError(f"--json {args.json}: folder {args.json.parent} does not exist")
+        check_output_path(args)
     except ValueError as exc:
         print(f"chunkstore bench tiers: error: {exc}", file=sys.stderr)
         return 2
@@ -330,7 +332,5 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"chunkstore bench tiers: the cache failed: {exc}", file=sys.stderr)
         return 1
-    print(format_table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    emit_result(args, result, format_table(result))
     return 1 if args.strict and not result["all_pass"] else 0

@@ -10,63 +10,27 @@ from __future__ import annotations
 
 import argparse
 import enum
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from chunkstore.cache.layout import KVLayout
 from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.codec import Codec
+from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, positive_gb
+
+if TYPE_CHECKING:
+    from chunkstore.cache.layout import KVLayout
+
+__all__ = ["CacheConfig", "ENV_PREFIX", "GB", "PoolSize", "SIZE_EXAMPLES", "add_cli_arguments", "env_name",
+           "flag_name"]
 
 ENV_PREFIX = "CHUNKSTORE_"
-GB = 10**9
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*$", re.IGNORECASE)
-_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_PAGE_UNITS = ("page", "pages")
-SIZE_EXAMPLES = "e.g. 2GB, 512MiB, 1000pages"
 _METAVARS = {"page_size": "TOKENS", "host_ratio": "RATIO", "disk_path": "DIR", "disk_ratio": "RATIO",
-             "disk_size": "GB", "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS",
+             "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS",
              "prefetch_host_share": "SHARE", "prefetch_hold_s": "SECONDS"}
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSize:
-    """A pool size as given: a number of bytes or a number of pages (exactly one is set)."""
-
-    num_bytes: int | None = None
-    num_pages: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "PoolSize":
-        """'2GB', '1.5GiB', '1000pages' -> PoolSize. K/M/G/T are decimal, Ki/Mi/Gi/Ti binary; a
-        unit is required. Raises ValueError naming the accepted forms."""
-        m = _SIZE_RE.match(text) if isinstance(text, str) else None
-        unit = m.group(2).lower() if m else ""
-        if not m or (unit not in _BYTE_UNITS and unit not in _PAGE_UNITS):
-            raise ValueError(f"not a size: {text!r} (a number and a unit, {SIZE_EXAMPLES}; "
-                             f"units: {', '.join([*_BYTE_UNITS, 'pages'])})")
-        if unit in _PAGE_UNITS:
-            if not m.group(1).isdigit():
-                raise ValueError(f"a page count must be a whole number, got {text!r}")
-            size = cls(num_pages=int(m.group(1)))
-        else:
-            size = cls(num_bytes=int(float(m.group(1)) * _BYTE_UNITS[unit]))
-        if not (size.num_pages or size.num_bytes):
-            raise ValueError(f"size must be positive, got {text!r}")
-        return size
-
-    def to_pages(self, layout: KVLayout) -> int:
-        """Whole pages of ``layout`` in this size (bytes round down)."""
-        if self.num_pages is not None:
-            return self.num_pages
-        return layout.pages_for_bytes(self.num_bytes)
 
 
 def _field(default: Any, description: str, **kwargs: Any) -> Any:
@@ -90,8 +54,9 @@ class CacheConfig(BaseSettings):
     disk_path: Path = _field(Path("chunkstore-data"), "folder of the chunk store")
     disk_ratio: float | None = _field(None, "disk capacity = disk_ratio x host pool bytes (ignored "
                                             "when disk_size is set)", gt=0)
-    disk_size: float | None = _field(None, "disk capacity in GB (10^9 bytes) of stored, compressed "
-                                           "chunks; overrides disk_ratio; neither = unbounded", gt=0)
+    disk_size: float | None = _field(None, "disk capacity of stored, compressed chunks: a number of GB "
+                                           "(10^9 bytes) or a size such as 500GB; overrides disk_ratio; "
+                                           "neither = unbounded", gt=0)
     write_policy: WritePolicy = _field(WritePolicy.WRITE_THROUGH, "when device pages are copied "
                                        "down to host and disk")
     write_through_threshold: int = _field(2, "hits before a page is written through under "
@@ -127,12 +92,17 @@ class CacheConfig(BaseSettings):
         if value is None or (isinstance(value, str) and not value.strip()):
             return None  # an empty CHUNKSTORE_HOST_SIZE means "not set"
         PoolSize.parse(value)
-        return value.strip()
+        return str(value).strip()  # an int (a number of bytes) is kept as its text
 
     @field_validator("disk_ratio", "disk_size", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("disk_size", mode="before")
+    @classmethod
+    def _parse_disk_size(cls, value: Any) -> Any:
+        return disk_size_gb(value)  # '500GB' -> 500.0; a plain number is GB
 
     @model_validator(mode="after")
     def _check_sizes(self) -> "CacheConfig":
@@ -219,15 +189,12 @@ def _display_default(value: Any) -> str:
     return str(value)
 
 
-def _arg_type(parse):
-    """An argparse type whose error message is ours (argparse hides a plain ValueError's text)."""
-    def convert(text: str):
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    convert.__name__ = getattr(parse, "__name__", "value")
-    return convert
+def help_text(description: str, env: str, default: str) -> str:
+    """A flag's help: its description, its variable and one default (a description that already
+    says what the default is keeps its own)."""
+    if "default" in description:
+        return f"{description} (env {env})"
+    return f"{description} (env {env}, default {default})"
 
 
 def _size_arg(text: str) -> str:
@@ -240,20 +207,22 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     environment and defaults apply in ``CacheConfig.from_cli_args``)."""
     group = parser.add_argument_group("cache", "tiered KV cache settings (docs/CONFIG.md)")
     for name, info in CacheConfig.model_fields.items():
-        help_text = f"{info.description} (env {env_name(name)}, default {_display_default(info.default)})"
-        kwargs: dict[str, Any] = dict(dest=name, default=argparse.SUPPRESS, help=help_text)
+        kwargs: dict[str, Any] = dict(dest=name, default=argparse.SUPPRESS,
+                                      help=help_text(info.description, env_name(name), _display_default(info.default)))
         if name in _METAVARS:
             kwargs["metavar"] = _METAVARS[name]
         annotation = info.annotation
         if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # each has parse()
             values = ",".join(member.value for member in annotation)
-            kwargs.update(type=_arg_type(annotation.parse), metavar="{" + values + "}")
+            kwargs.update(type=argparse_type(annotation.parse), metavar="{" + values + "}")
         elif name in ("device_size", "host_size"):
-            kwargs.update(type=_arg_type(_size_arg), metavar="SIZE")
+            kwargs.update(type=argparse_type(_size_arg), metavar="SIZE")
         elif annotation is bool:
             kwargs.update(action=argparse.BooleanOptionalAction)
         elif annotation is int:
             kwargs.update(type=int)
+        elif name == "disk_size":
+            kwargs.update(type=argparse_type(positive_gb), metavar="GB|SIZE")
         elif annotation in (float, float | None):
             kwargs.update(type=float)
         elif annotation is Path:

@@ -9,7 +9,10 @@ unless every layer keeps plain full-attention K/V of one shape (the pages hold e
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,6 +101,22 @@ def load_model(name_or_path: str | Path, *, seed: int = 0, dtype: str | None = N
     return _finish(model, ByteTokenizer(), model_id, dtype_name, device)
 
 
+@contextlib.contextmanager
+def _progress_bar_on_terminal_only() -> Iterator[None]:
+    """transformers' weight-loading bar only when stderr is a terminal: in a server's log (a file,
+    a pipe, journald) it is carriage-return noise. Restores the previous setting after."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if was_enabled and not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _load_folder(path: Path, dtype: str | None, device: torch.device) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -109,8 +128,9 @@ def _load_folder(path: Path, dtype: str | None, device: torch.device) -> LoadedM
         own = str(own).removeprefix("torch.") if own is not None else "float32"
         dtype = own if device.type == "cuda" and own in DTYPES else "float32"  # CPUs lack fast bf16 matmuls
     dtype_name = parse_dtype(dtype)
-    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=DTYPES[dtype_name],
-                                                 attn_implementation="sdpa")
+    with _progress_bar_on_terminal_only():
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=DTYPES[dtype_name],
+                                                     attn_implementation="sdpa")
     model = model.to(device).eval()
     tokenizer = HFTokenizer.from_folder(path)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

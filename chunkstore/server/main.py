@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from chunkstore.cache.config import CacheConfig, add_cli_arguments, env_name
+from chunkstore.cache.config import CacheConfig, add_cli_arguments, env_name, help_text
 from chunkstore.server.settings import ServerSettings
 
 log = logging.getLogger("chunkstore.serve")
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             info = fields[name]
             default = "none" if info.default in (None, ()) else info.default
             group.add_argument("--" + name.replace("_", "-"), dest=name, default=argparse.SUPPRESS,
-                               help=f"{info.description} (env {env_name(name)}, default {default})",
+                               help=help_text(info.description, env_name(name), str(default)),
                                **_FLAG_TYPES.get(name, {}))
     add_cli_arguments(parser)
 

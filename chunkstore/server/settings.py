@@ -18,7 +18,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from chunkstore.cache.config import ENV_PREFIX, PoolSize
+from chunkstore.cache.config import ENV_PREFIX
+from chunkstore.sizes import parse_bytes
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
@@ -57,18 +58,6 @@ class Tenant:
 def _check_key(key: str) -> None:
     if not key or any(c.isspace() for c in key):
         raise ValueError("an API key must be non-empty and contain no whitespace")
-
-
-def _size_bytes(value: Any) -> int:
-    """8388608, '8388608', '8MiB', '10MB' -> bytes. Raises ValueError."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    size = PoolSize.parse(value)
-    if size.num_bytes is None:
-        raise ValueError(f"a byte size is needed here, not pages: {value!r}")
-    return size.num_bytes
 
 
 class ServerSettings(BaseSettings):
@@ -112,7 +101,7 @@ class ServerSettings(BaseSettings):
     @field_validator("max_body_bytes", mode="before")
     @classmethod
     def _parse_size(cls, value: Any) -> int:
-        return _size_bytes(value)
+        return parse_bytes(value)  # one size parser for every flag (chunkstore/sizes.py)
 
     @field_validator("log_level", mode="before")
     @classmethod

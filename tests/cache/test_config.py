@@ -144,7 +144,7 @@ def test_policies_accept_any_case_and_dashes(field, enum_type):
     ({"disk_size": -1}, "disk_size"),
     ({"write_through_threshold": 0}, "write_through_threshold"),
     ({"prefetch_timeout_s": 0}, "prefetch_timeout_s"),
-    ({"device_size": "1000"}, "1000pages"),  # a bare number: the message shows the forms
+    ({"device_size": "1000 parsecs"}, "1000pages"),  # an unknown unit: the message shows the forms
     ({"host_size": "lots"}, "not a size"),
     ({"device_size": "2GB", "host_size": "1GB"}, "smaller than device_size"),
     ({"device_size": "100pages", "host_size": "99pages"}, "smaller than device_size"),
@@ -157,7 +157,7 @@ def test_invalid_values(kwargs, match):
 
 def test_bad_size_flag_is_a_usage_error(capsys):
     with pytest.raises(SystemExit):
-        parse_flags("--device-size", "12")
+        parse_flags("--device-size", "12 lots")
     assert "1000pages" in capsys.readouterr().err
 
 
@@ -171,7 +171,7 @@ def test_size_parsing(text, num_bytes, num_pages):
     assert PoolSize.parse(text) == PoolSize(num_bytes=num_bytes, num_pages=num_pages)
 
 
-@pytest.mark.parametrize("text", ["", "12", "GB", "2 XB", "1.5pages", "0pages", "0GB", "-1GB", "2GB2"])
+@pytest.mark.parametrize("text", ["", "12 lots", "GB", "2 XB", "1.5pages", "0pages", "0GB", "-1GB", "2GB2"])
 def test_size_parsing_rejects(text):
     with pytest.raises(ValueError):
         PoolSize.parse(text)

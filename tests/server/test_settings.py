@@ -84,7 +84,7 @@ def test_api_key_entries(entry, name):
     ({"api_key": ("a=k1", "a=k2")}, "same tenant name"),
     ({"api_key": ("",)}, "non-empty"),
     ({"port": 70000}, "port"),
-    ({"max_body_bytes": "12pages"}, "not pages"),
+    ({"max_body_bytes": "12pages"}, "not a size"),
     ({"log_level": "loud"}, "log level"),
     ({"max_running_requests": 0}, "max_running_requests"),
 ])
@@ -95,7 +95,7 @@ def test_bad_settings(kwargs, says):
 
 def test_bad_flags_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["serve", "--device-size", "5"])
+        main(["serve", "--device-size", "5 lots"])
     assert exc.value.code == 2 and "not a size" in capsys.readouterr().err
     assert run(parse("--preset", "huge", "--disk-path", str(tmp_path / "d"))) == 2
     assert "unknown preset 'huge'" in capsys.readouterr().err
