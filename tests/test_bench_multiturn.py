@@ -102,7 +102,7 @@ def test_budgets_are_a_quarter_of_the_histories_with_a_device_floor():
 
 def test_a_tiny_run_reports_every_key(tmp_path, capsys):
     out, png = tmp_path / "multiturn.json", tmp_path / "multiturn.png"
-    assert bench.run(parse([*TINY, "--json", str(out), "--plot", str(png)])) == 0
+    assert bench.run(parse([*TINY, "--output", str(out), "--plot", str(png)])) == 0
     doc = json.loads(out.read_text())
     runs = {r["name"]: r for r in doc["runs"]}
     assert list(runs) == ["no-cache", "device", "device+host", "device+host+disk", "disk-restart"]
@@ -143,7 +143,7 @@ def test_a_tiny_run_reports_every_key(tmp_path, capsys):
 
 def test_configs_choose_what_runs(tmp_path):
     out = tmp_path / "m.json"
-    assert bench.run(parse([*TINY, "--num-clients", "2", "--configs", "device", "--json", str(out)])) == 0
+    assert bench.run(parse([*TINY, "--num-clients", "2", "--configs", "device", "--output", str(out)])) == 0
     doc = json.loads(out.read_text())
     assert [r["name"] for r in doc["runs"]] == ["device"] and doc["targets"] == {}
 
@@ -170,7 +170,11 @@ class _FakeServer(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:
-        self._json(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+        if self.path == "/get_model_info":  # what chunkstore serve answers (SGLang's fields and its own)
+            self._json(200, {"model_path": "stand-in", "served_model_name": "stand-in", "page_size": 16,
+                             "model_id": "stand-in:w=0", "max_positions": 4096})
+        else:
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self) -> None:
         payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -219,7 +223,7 @@ def test_url_mode_streams_chats_and_reads_the_cached_tokens(fake_server, tmp_pat
     out = tmp_path / "url.json"
     argv = ["--url", fake_server, "--api-key", "sekrit", "--configs", "no-cache,server", "--num-clients", "3",
             "--num-rounds", "3", "--request-length", "30", "--output-length", "3", "--page-size", "16",
-            "--request-rate", "inf", "--no-progress", "--json", str(out)]
+            "--request-rate", "inf", "--no-progress", "--output", str(out)]
     assert bench.run(parse(argv)) == 0
     doc = json.loads(out.read_text())
     runs = {r["name"]: r for r in doc["runs"]}
@@ -240,6 +244,37 @@ def test_url_mode_streams_chats_and_reads_the_cached_tokens(fake_server, tmp_pat
     assert len({p["user"] for p in payloads[9:]}) == 1
 
 
+def test_url_mode_reads_the_page_size_and_model_from_the_server(fake_server, tmp_path, capsys):
+    out = tmp_path / "url.json"
+    argv = ["--url", fake_server, "--num-clients", "2", "--num-rounds", "2", "--request-length", "30",
+            "--output-length", "3", "--request-rate", "inf", "--no-progress", "--output", str(out)]
+    assert bench.run(parse(argv)) == 0  # no --page-size: the server's 16, not an assumed 64
+    doc = json.loads(out.read_text())
+    assert doc["budgets"]["page_size"] == 16 and doc["model"]["name"] == "stand-in"
+    assert doc["model"]["model_id"] == "stand-in:w=0" and "16-token pages" in doc["header"]
+    assert {p["model"] for p, _ in _FakeServer.seen} == {"stand-in"}
+    server = doc["runs"][0]
+    assert 0 < server["hit_rate"] == pytest.approx(server["ideal_hit_rate"])  # the ideal at the server's pages
+    assert bench.run(parse([*argv, "--page-size", "64"])) == 2
+    err = capsys.readouterr().err
+    assert "--page-size 64 disagrees with the server's page size 16" in err
+
+
+def test_defaults_follow_sglangs_bench_multiturn_or_say_why_not():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args([])
+    sglang = bench.SGLANG_DEFAULTS
+    helps = {a.dest: a.help for a in parser._actions}
+    for name in ("num_clients", "num_rounds", "request_length", "output_length", "max_parallel", "request_rate",
+                 "seed"):
+        ours = getattr(args, name)
+        if ours == sglang[name]:
+            continue
+        assert f"SGLang's {sglang[name]:g}" in helps[name] or "SGLang's sweep" in helps[name], name
+    assert (args.num_rounds, args.seed) == (sglang["num_rounds"], sglang["seed"])
+
+
 def test_an_unreachable_server_is_a_clear_failure(capsys):
     argv = ["--url", "http://127.0.0.1:9", "--num-clients", "1", "--num-rounds", "1", "--no-progress"]
     assert bench.run(parse(argv)) == 1
@@ -258,11 +293,11 @@ def test_an_unreachable_server_is_a_clear_failure(capsys):
     (["--preset", "huge"], "unknown preset 'huge'; presets: tiny, small"),
     (["--model", "/no/such/model"], "--model /no/such/model: no such folder"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
-    (["--device-size", "12"], "not a size: '12'"),
+    (["--device-size", "12 parsecs"], "not a size: '12 parsecs'"),
     (["--page-size", "0"], "--page-size must be >= 1"),
     (["--max-running", "0"], "--max-running must be >= 1"),
     (["--disk-size", "-1"], "--disk-size must be > 0 GB"),
-    (["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: folder /no/such/folder does not exist"),
+    (["--output", "/no/such/folder/x.json"], "--output /no/such/folder/x.json: folder /no/such/folder does not exist"),
     (["--plot", "/no/such/folder/x.png"], "does not exist"),
     (["--device-size", "20pages", "--host-size", "10pages"], "smaller than the device pool"),
 ])

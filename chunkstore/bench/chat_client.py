@@ -4,7 +4,8 @@ Invariants: every request streams (server-sent events) so the time to first toke
 the first chunk that carries text; the usage comes from the last chunk (``stream_options.
 include_usage``), the cached tokens from ``usage.prompt_tokens_details.cached_tokens`` and the
 per-tier split from the ``usage.cached_tokens_details`` extension when the server sends it; one
-connection per request, so any number of threads may call ``chat`` at once.
+connection per request, so any number of threads may call ``chat`` at once; the model name and
+page size come from the server (``GET /get_model_info``), never assumed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import http.client
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from chunkstore.bench.workload import Reply
@@ -21,6 +23,16 @@ from chunkstore.cache.stats import HIT_TIERS
 
 class ServerError(RuntimeError):
     """The server could not be reached or answered something other than a chat completion."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerModel:
+    """What ``GET /get_model_info`` says about the served model (SGLang's fields and chunkstore's)."""
+
+    name: str  # what requests send as `model`
+    page_size: int  # tokens per cache page: the granularity of the ideal hit rate
+    model_id: str | None = None  # chunkstore's cache-key model id (names the weights)
+    max_positions: int | None = None
 
 
 class ChatClient:
@@ -46,11 +58,11 @@ class ChatClient:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    def model_id(self) -> str:
-        """The first model ``GET /v1/models`` lists. Raises ServerError when unreachable or empty."""
+    def _get_json(self, path: str) -> dict:
+        """The JSON object ``GET path`` answers. Raises ServerError when unreachable, not 200 or not JSON."""
         conn = self._connection()
         try:
-            conn.request("GET", f"{self._prefix}/v1/models", headers=self._headers())
+            conn.request("GET", f"{self._prefix}{path}", headers=self._headers())
             resp = conn.getresponse()
             body = resp.read()
         except OSError as exc:
@@ -58,11 +70,35 @@ class ChatClient:
         finally:
             conn.close()
         if resp.status != 200:
-            raise ServerError(f"GET /v1/models answered {resp.status}: {body[:300]!r}")
+            raise ServerError(f"GET {path} answered {resp.status}: {body[:300]!r}")
         try:
-            return json.loads(body)["data"][0]["id"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ServerError(f"GET /v1/models listed no model: {body[:300]!r}") from None
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise ServerError(f"GET {path} answered no JSON object: {body[:300]!r}")
+        return doc
+
+    def model_info(self) -> ServerModel:
+        """The served model's name and page size from ``GET /get_model_info`` (SGLang's
+        ``served_model_name`` and chunkstore's ``page_size``; SGLang's own server names its page
+        size ``page_size`` in ``GET /get_server_info``, read as a fallback). Raises ServerError
+        when the server does not say both."""
+        info = self._get_json("/get_model_info")
+        name = info.get("served_model_name") or info.get("model_path")
+        page_size = info.get("page_size")
+        if page_size is None:
+            try:
+                page_size = self._get_json("/get_server_info").get("page_size")
+            except ServerError:
+                page_size = None
+        if not isinstance(name, str) or not name or isinstance(page_size, bool) or not isinstance(page_size, int) \
+                or page_size < 1:
+            raise ServerError(f"GET /get_model_info named no model and page size (served_model_name "
+                              f"{name!r}, page_size {page_size!r})")
+        max_positions = info.get("max_positions")
+        return ServerModel(name, page_size, info.get("model_id"),
+                           max_positions if isinstance(max_positions, int) else None)
 
     def chat(self, model: str, messages: Sequence[dict], *, max_tokens: int, user: str) -> Reply:
         """One streamed, greedy chat completion of exactly ``max_tokens`` tokens (``ignore_eos``).

@@ -4,15 +4,15 @@ Invariants: every configuration sends the same workload (the questions are a fun
 the replies are greedy) with the same device and host budgets; in-process, each configuration gets
 a fresh Engine over the same loaded model, so no state but the disk tier (and only where meant:
 ``disk-restart`` reopens the folder ``device+host+disk`` left, files made cold first) carries from
-one to the next; prompts are token ids, so every length is exact; targets are reported, never
-asserted.
+one to the next; prompts are token ids, so every length is exact; with --url the page size and the
+model come from the server (``GET /get_model_info``), and a --page-size that disagrees is refused;
+targets are reported, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import enum
-import json
 import math
 import secrets
 import shutil
@@ -29,11 +29,16 @@ from chunkstore.bench.multiturn_report import format_table, summarize_run, targe
 from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
 from chunkstore.cache.config import CacheConfig, PoolSize
 from chunkstore.cache.layout import KVLayout
+from chunkstore.output import add_output_arguments, emit_result
 
 DEFAULT_PAGE_SIZE = 16  # in-process: fine-grained reuse (a round adds 100 tokens by default)
 SERVER_PAGE_SIZE = 64  # with --url: chunkstore serve's default page size
 MEMORY_SHARE = 0.25  # device + host pages / all clients' final histories, by default
 _UNREACHABLE_HITS = 2**62  # write_through_selective with this threshold never copies a page down
+# The defaults of SGLang's benchmark/hicache/bench_multiturn.py (sgl-project/sglang at 028e262) for
+# the flags both have, quoted by --help where ours differ (Workload holds ours).
+SGLANG_DEFAULTS = {"num_clients": 256, "num_rounds": 5, "request_length": 512, "output_length": 64,
+                   "max_parallel": 128, "request_rate": 1.0, "request_rates": "16, 14, ..., 2, 1", "seed": 1}
 
 
 class Setup(str, enum.Enum):
@@ -99,8 +104,10 @@ class MultiturnConfig:
     namespace: str | None = None  # --url: None draws a fresh one, so earlier runs do not hit
     keep: Path | None = None
     show_progress: bool = True
+    page_size_given: bool = field(init=False, default=False)  # --url: a given size must be the server's
 
     def __post_init__(self) -> None:
+        self.page_size_given = self.page_size is not None
         if self.page_size is None:
             self.page_size = SERVER_PAGE_SIZE if self.url else DEFAULT_PAGE_SIZE
         if self.page_size < 1:
@@ -303,23 +310,38 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
     }
 
 
+def server_page_size(cfg: MultiturnConfig, served) -> int:
+    """The server's page size (``served``: its ServerModel). Raises ValueError naming both when
+    --page-size was given and differs: the ideal hit rate is only right at the server's pages."""
+    if cfg.page_size_given and cfg.page_size != served.page_size:
+        raise ValueError(f"--page-size {cfg.page_size} disagrees with the server's page size "
+                         f"{served.page_size} (GET /get_model_info of {cfg.url}); leave it out to use the server's")
+    return served.page_size
+
+
 def run_over_http(cfg: MultiturnConfig) -> dict:
     from chunkstore.bench.chat_client import ChatClient
 
     w = cfg.workload
     client = ChatClient(cfg.url, api_key=cfg.api_key)
-    model = client.model_id()
+    served = client.model_info()
+    page_size = server_page_size(cfg, served)
+    if served.max_positions is not None:
+        check_fits(w, served.max_positions)
+    model = served.name
     namespace = cfg.namespace or f"bench-{secrets.token_hex(4)}"
     runs = []
     for setup in cfg.setups:
         with _progress(cfg, setup.value) as bar:
             result = drive(w, chat_sender(client, model, w, namespace, fresh_namespaces=setup is Setup.NO_CACHE),
                            on_reply=lambda _: bar.update())
-        runs.append(summarize_run(setup.value, setup.description, result, None, page_size=cfg.page_size,
+        runs.append(summarize_run(setup.value, setup.description, result, None, page_size=page_size,
                                   bytes_per_token=None, extra={"namespace": namespace}))
-    return {"mode": "url", "url": cfg.url, "model": {"name": model}, "budgets": {"page_size": cfg.page_size},
+    return {"mode": "url", "url": cfg.url,
+            "model": {"name": model, "model_id": served.model_id, "max_positions": served.max_positions},
+            "budgets": {"page_size": page_size},
             "runs": runs, "setting": f"server {cfg.url}, model {model}, namespace {namespace}, ideal at "
-                                     f"{cfg.page_size}-token pages"}
+                                     f"{page_size}-token pages"}
 
 
 def run_multiturn_bench(cfg: MultiturnConfig) -> dict:
@@ -350,20 +372,33 @@ def run_multiturn_bench(cfg: MultiturnConfig) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``chunkstore bench multiturn``."""
-    d = Workload()
+    # Where SGLang's benchmark/hicache/bench_multiturn.py has the same flag, the default is its own
+    # or the help says how and why ours differs (the sizes: a run must fit a 2-core CPU in minutes).
+    d, sg = Workload(), SGLANG_DEFAULTS
     parser.add_argument("--num-clients", type=int, default=d.num_clients,
-                        help=f"conversations, each a client (default {d.num_clients})")
+                        help=f"conversations, each a client (default {d.num_clients}; SGLang's "
+                             f"{sg['num_clients']}, sized for a GPU server: on a CPU each configuration would "
+                             f"take hours)")
     parser.add_argument("--num-rounds", type=int, default=d.num_rounds,
-                        help=f"requests per client (default {d.num_rounds})")
+                        help=f"requests per client (default {d.num_rounds}, as SGLang's)")
     parser.add_argument("--request-length", type=int, default=d.request_length,
-                        help=f"tokens of each new question (default {d.request_length})")
+                        help=f"tokens of each new question (default {d.request_length}; SGLang's "
+                             f"{sg['request_length']}: a CPU prefills ~1k tokens a second on the small preset)")
     parser.add_argument("--output-length", type=int, default=d.output_length,
-                        help=f"tokens of each reply (default {d.output_length})")
+                        help=f"tokens of each reply (default {d.output_length}; SGLang's {sg['output_length']}: "
+                             f"here one decoded token costs ~20 prompt tokens of prefill, so long replies "
+                             f"would bury what the cache saves; see docs/CLI.md)")
     parser.add_argument("--max-parallel", type=int, default=d.max_parallel,
-                        help=f"requests in flight at most (default {d.max_parallel})")
+                        help=f"requests in flight at most (default {d.max_parallel}; SGLang's "
+                             f"{sg['max_parallel']}: the engine here runs --max-running requests at once, "
+                             f"the rest queue)")
     parser.add_argument("--request-rate", type=float, default=d.request_rate,
-                        help=f"requests per second, Poisson; inf for no gaps (default {d.request_rate:g})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of the questions and gaps (default {d.seed})")
+                        help=f"requests per second, Poisson; inf for no gaps (default {d.request_rate:g}: the "
+                             f"first rate of SGLang's sweep, which runs {sg['request_rates']} unless "
+                             f"--disable-auto-run; one rate per invocation here)")
+    parser.add_argument("--seed", type=int, default=d.seed,
+                        help=f"seed of the questions and gaps (default {d.seed}, as SGLang's; the questions "
+                             f"are ASCII words of our own, not SGLang's samples, so the same seed sends other text)")
     parser.add_argument("--configs", default=None,
                         help="configurations to run, comma-separated (default: all five; with --url: server)")
     parser.add_argument("--preset", default="small", help="built-in model when --model is not given: tiny, small "
@@ -372,8 +407,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a local Hugging Face model folder (default: the preset)")
     parser.add_argument("--dtype", default="float32", help="model and KV dtype (default float32)")
     parser.add_argument("--page-size", type=int, default=None,
-                        help=f"tokens per page (default {DEFAULT_PAGE_SIZE}; with --url the server's, "
-                             f"default {SERVER_PAGE_SIZE}, for the ideal hit rate)")
+                        help=f"tokens per page (default {DEFAULT_PAGE_SIZE}, not serve's {SERVER_PAGE_SIZE}: a round "
+                             f"adds ~100 tokens, and smaller pages show that reuse; with --url the server's "
+                             f"page size, for the ideal hit rate)")
     parser.add_argument("--max-running", type=int, default=1,
                         help="requests the engine runs at once, decoded round-robin (default 1)")
     parser.add_argument("--device-size", default=None,
@@ -386,7 +422,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --url: the user field sent (default: a fresh one per invocation)")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="put the disk tier under DIR (new or empty) and keep it (default: a temporary folder)")
-    parser.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the results as JSON")
+    add_output_arguments(parser)  # --json (print the results as JSON), -o/--output PATH (also write them)
     parser.add_argument("--plot", metavar="PATH", type=Path, default=None,
                         help="also write a PNG comparing the configurations (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -399,7 +435,7 @@ def config_from_args(args: argparse.Namespace) -> MultiturnConfig:
                         request_length=args.request_length, output_length=args.output_length,
                         max_parallel=args.max_parallel, request_rate=args.request_rate, seed=args.seed)
     default = "server" if args.url else ",".join(s.value for s in IN_PROCESS)
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
+    for option, path in (("--output", args.output), ("--plot", args.plot)):
         if path is not None and not path.parent.is_dir():
             raise ValueError(f"{option} {path}: folder {path.parent} does not exist")
     if args.plot is not None:
@@ -440,9 +476,7 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"chunkstore bench multiturn: the benchmark failed: {exc}", file=sys.stderr)
         return 1
-    print(format_table(result))
-    if args.json is not None:
-        args.json.write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+    emit_result(args, _json_safe(result), format_table(result))
     if args.plot is not None:
         write_plot(result, args.plot)
     return 1 if args.strict and not result["all_pass"] else 0

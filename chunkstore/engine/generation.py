@@ -32,8 +32,9 @@ class Generation:
         self.runner, self.tokenizer = runner, tokenizer
         self.max_positions = max_positions
         self.submitted_at_s = submitted_at_s
-        eos = tokenizer.eos_token_ids
-        self.sampler = Sampler(self.params, runner.device, banned_ids=sorted(eos) if self.params.ignore_eos else ())
+        # The tokenizer's never-sampled ids (a byte model's non-text bytes), and EOS under ignore_eos.
+        banned = tokenizer.never_sampled_ids | (tokenizer.eos_token_ids if self.params.ignore_eos else frozenset())
+        self.sampler = Sampler(self.params, runner.device, banned_ids=sorted(banned))
         self.seq: Sequence | None = None
         self.output_ids: list[int] = []
         self.text = OutputText(self.params.stop)

@@ -4,6 +4,9 @@ Invariants: nothing is downloaded; the weights are a pure function of (preset, s
 float32 on the CPU from one ``torch.Generator`` in sorted parameter-name order, then rounded to
 the requested dtype (so a bf16 model is the fp32 model rounded); ``weights_digest`` hashes the
 resulting bytes, so a model id that contains it names the weights, whatever the init code was.
+A preset generates only newline, printable ASCII and EOS (the byte tokenizer's
+``never_sampled_ids``, masked by the sampler): that changes which token comes next, never the KV
+of a given token sequence, so neither the weights nor the model id (nor any cached page) depend on it.
 """
 
 from __future__ import annotations

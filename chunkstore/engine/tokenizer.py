@@ -3,7 +3,10 @@
 Invariants: ``decode`` and the streaming decoders never raise on token ids that end inside a
 UTF-8 character (incomplete bytes become U+FFFD, or are held back while streaming); the text a
 ``StreamDecoder`` emits, concatenated and followed by its ``finish()``, is the text ``decode``
-gives for the same ids; nothing here downloads anything (``local_files_only=True``).
+gives for the same ids; nothing here downloads anything (``local_files_only=True``);
+``never_sampled_ids`` are ids the engine masks out of every sampled token: for the byte tokenizer
+all but printable ASCII, newline and EOS, so whatever a random preset generates decodes to text
+that encodes back to the same ids (a client that resends the history as text hits the cache).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 BYTE_VOCAB_SIZE = 256
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
 _BYTE_SPECIALS = {BOS_ID: "<bos>", EOS_ID: "<eos>", PAD_ID: "<pad>"}
+# What a byte-tokenizer model may generate: newline and printable ASCII (space to tilde), each one
+# byte that is a whole UTF-8 character, so decode -> encode gives the same ids. Not tab or CR:
+# clients and templates rewrite them (CRLF -> LF, tabs to spaces) more often than not.
+TEXT_OUTPUT_BYTES = frozenset([0x0A, *range(0x20, 0x7F)])
 
 
 def _check_messages(messages: Sequence[Message]) -> None:
@@ -54,6 +61,11 @@ class Tokenizer(ABC):
     def eos_token_ids(self) -> frozenset[int]:
         """Ids that end a generation."""
 
+    @property
+    def never_sampled_ids(self) -> frozenset[int]:
+        """Ids the sampler never picks (their logits are masked); none unless a tokenizer says."""
+        return frozenset()
+
     @abstractmethod
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text`` (with the BOS token first when ``add_special_tokens``)."""
@@ -87,9 +99,15 @@ class _ByteStreamDecoder(StreamDecoder):
         return self._utf8.decode(b"", final=True)
 
 
+_NEVER_SAMPLED_BYTE_IDS = frozenset(
+    [*(b for b in range(BYTE_VOCAB_SIZE) if b not in TEXT_OUTPUT_BYTES), BOS_ID, PAD_ID])
+
+
 class ByteTokenizer(Tokenizer):
     """Ids 0-255 are the UTF-8 bytes of the text; 256 BOS, 257 EOS, 258 PAD.
 
+    Prompts may hold any byte; generation is limited to ``TEXT_OUTPUT_BYTES`` and EOS (see
+    ``never_sampled_ids``), so a model's output is always text that re-encodes to the same ids.
     The chat template is plain text, ``<|role|>\\ncontent\\n`` per message, then ``<|assistant|>\\n``,
     after one BOS, so a later turn's prompt extends the earlier turn's prompt and reply byte for byte.
     """
@@ -101,6 +119,13 @@ class ByteTokenizer(Tokenizer):
     @property
     def eos_token_ids(self) -> frozenset[int]:
         return frozenset({EOS_ID})
+
+    @property
+    def never_sampled_ids(self) -> frozenset[int]:
+        """Every byte outside ``TEXT_OUTPUT_BYTES``, BOS and PAD: a random model would otherwise
+        emit invalid UTF-8 (decoded as U+FFFD, three other bytes) and specials (no text at all),
+        and a client resending the reply as text would miss the cache from there on."""
+        return _NEVER_SAMPLED_BYTE_IDS
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids = list(text.encode("utf-8"))

@@ -4,12 +4,17 @@ Invariants: everything the routes use is built here and kept in ``app.state`` (e
 served model, key ring, requests in flight); nothing is created at import time; the app never
 closes the engine (whoever built it does: ``main.run`` on shutdown, tests in their fixtures); every
 error it answers is OpenAI-shaped; request bodies are limited to ``settings.max_body_bytes``; a
-server on a loopback address answers only requests addressed to a loopback name (host_check.py).
+server on a loopback address answers only requests addressed to a loopback name (host_check.py);
+``GET /metrics`` is the management API's ``/api/v1/metrics`` under another path (the request is
+handed to the mounted admin app unchanged but for its path), so both expose one registry under one
+auth rule, where Prometheus looks for it on SGLang and vLLM servers.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI
+from starlette.routing import BaseRoute, Match, NoMatchFound
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chunkstore import __version__
 from chunkstore.body_limit import BodyLimitMiddleware
@@ -22,6 +27,32 @@ from chunkstore.server.errors import install_error_handlers
 from chunkstore.server.handles import InFlight
 from chunkstore.server.host_check import LoopbackHostMiddleware, is_loopback
 from chunkstore.server.settings import ServerSettings
+
+
+METRICS_PATH = "/metrics"  # Prometheus' default metrics_path, where SGLang and vLLM serve theirs
+
+
+class AliasRoute(BaseRoute):
+    """Hands requests for exactly ``path`` to ``app`` as requests for ``target``: the target's
+    routes, auth and errors answer them, so the alias can never drift from what it aliases."""
+
+    def __init__(self, path: str, app: ASGIApp, target: str) -> None:
+        self.path, self.app, self.target = path, app, target
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] == "http":
+            path = scope["path"].removeprefix(scope.get("root_path", "") or "")
+            if path == self.path:
+                return Match.FULL, {}
+        return Match.NONE, {}
+
+    def url_path_for(self, name: str, /, **path_params: str):
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        root = scope.get("root_path", "") or ""
+        target = root + self.target
+        await self.app({**scope, "path": target, "raw_path": target.encode()}, receive, send)
 
 
 def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
@@ -46,8 +77,11 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     from api.webui import add_webui
 
     # Each tenant's API key is also its namespace token there, so tenants read their own chunks.
-    api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot),
-              api.AdminSettings(host=settings.host, port=settings.port),
-              namespace_digests=[(t.namespace, t.digest) for t in settings.tenants])
+    admin = api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode,
+                                            serving=engine.serving.snapshot),
+                      api.AdminSettings(host=settings.host, port=settings.port),
+                      namespace_digests=[(t.namespace, t.digest) for t in settings.tenants])
+    app.router.routes.insert(0, AliasRoute(METRICS_PATH, admin, f"{api.API_PREFIX}/metrics"))
     add_webui(app)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
     return app
+

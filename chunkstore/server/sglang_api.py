@@ -1,8 +1,8 @@
 """SGLang's native API: /generate (streamed or not), /flush_cache, /get_model_info.
 
 Invariants: /generate answers what SGLang's does (``text``, ``meta_info`` with ``cached_tokens``),
-plus ``output_ids`` (the generated ids, so a client can build the next turn from ids: a random
-model's bytes are rarely valid UTF-8); a stream's events carry the text so far (cumulative, as
+plus ``output_ids`` (the generated ids, so a client can build the next turn from ids, exact
+whatever the tokenizer); a stream's events carry the text so far (cumulative, as
 SGLang streams it), the last one the whole ``meta_info`` and ``output_ids``, then ``[DONE]``.
 /flush_cache (POST only: it changes state) empties the memory tiers as SGLang's does (refused with 400
 while requests are in flight), after writing them down to the disk tier, which keeps them (as SGLang's

@@ -10,6 +10,7 @@ import pytest
 
 from chunkstore.engine import (Engine, EngineClosedError, EngineConfig, FinishReason, PromptTooLongError,
                                QueueFullError, Request, SamplingParams, load_model)
+from chunkstore.engine.tokenizer import TEXT_OUTPUT_BYTES
 from tests.engine.conftest import PAGE_SIZE, cache_config
 from tests.engine.test_loader import make_model_folder
 
@@ -41,8 +42,7 @@ def test_greedy_output_is_identical_after_a_restart_and_served_from_disk(tiny, t
 
 def test_next_turn_hits_the_previous_reply(engine):
     """The prompt and the generated tokens fed back are cached, so a next turn built on the reply's
-    ids (as a client of /generate with input_ids does) reuses the reply too. (A random model's
-    bytes are rarely valid UTF-8, so a turn rebuilt from the reply's text would diverge early.)"""
+    ids (as a client of /generate with input_ids does) reuses the reply too."""
     chat = [{"role": "user", "content": STORY}]
     first = engine.generate(Request(messages=chat, params=SamplingParams(max_tokens=40, ignore_eos=True)))
     prompt_ids = engine.tokenizer.encode_chat(chat)
@@ -51,6 +51,27 @@ def test_next_turn_hits_the_previous_reply(engine):
     fed = len(prompt_ids) + first.completion_tokens - 1  # the last token was returned, not fed
     assert second.cached_tokens == second.device_tokens == fed // PAGE_SIZE * PAGE_SIZE
     assert second.cached_tokens > len(prompt_ids)
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, 0), (1.0, 1), (2.0, 2)])
+def test_a_preset_generates_text_that_encodes_back_to_its_ids(engine, temperature, seed):
+    """The byte tokenizer masks every id but newline, printable ASCII and EOS: a random model would
+    otherwise emit invalid UTF-8 (U+FFFD on decode, three other bytes on encode) and specials."""
+    params = SamplingParams(max_tokens=600, temperature=temperature, seed=seed, ignore_eos=True)
+    r = engine.generate(Request(prompt=STORY + "\u00e9\u00e8\t\r\x01", params=params))
+    assert r.completion_tokens == 600 and set(r.token_ids) <= TEXT_OUTPUT_BYTES
+    assert engine.tokenizer.encode(r.text, add_special_tokens=False) == list(r.token_ids)
+
+
+def test_next_turn_rebuilt_from_the_reply_text_hits_the_reply(engine):
+    """A chat client resends the history as text (the assistant turn is the reply's text, as SGLang's
+    bench_multiturn.py does): it finds the prompt and every fed reply token, all but the last page."""
+    chat = [{"role": "user", "content": STORY}]
+    first = engine.generate(Request(messages=chat, params=SamplingParams(max_tokens=200, ignore_eos=True)))
+    chat += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "and then?"}]
+    second = engine.generate(Request(messages=chat, params=GREEDY))
+    fed = first.prompt_tokens + first.completion_tokens - 1  # the last token was returned, not fed
+    assert second.cached_tokens == fed // PAGE_SIZE * PAGE_SIZE
 
 
 def test_busy_engine_prefetches_at_submit(tiny, tmp_path):

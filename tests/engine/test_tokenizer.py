@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunkstore.engine.tokenizer import BOS_ID, EOS_ID, ByteTokenizer, HFTokenizer, Tokenizer
+from chunkstore.engine.tokenizer import BOS_ID, EOS_ID, PAD_ID, TEXT_OUTPUT_BYTES, ByteTokenizer, HFTokenizer, Tokenizer
 
 TEXTS = ["plain ascii", "héllo wörld", "你好, 世界", "emoji 🙂 and more 🚀!", ""]
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]
@@ -57,6 +57,16 @@ def test_byte_chat_template_extends_across_turns():
         tok.encode_chat([{"role": "user"}])
 
 
+def test_byte_generation_is_limited_to_text_that_round_trips():
+    tok = ByteTokenizer()
+    sampled = set(range(tok.vocab_size)) - tok.never_sampled_ids
+    assert sampled == {*TEXT_OUTPUT_BYTES, EOS_ID} and len(sampled) == 1 + 95 + 1  # newline, space..tilde, EOS
+    assert {BOS_ID, PAD_ID, 0x09, 0x0D, 0x7F, 0x80, 0xFF} <= tok.never_sampled_ids
+    text = tok.decode(sorted(TEXT_OUTPUT_BYTES))
+    assert tok.encode(text, add_special_tokens=False) == sorted(TEXT_OUTPUT_BYTES)
+    assert tok.encode("h\u00e9\t", add_special_tokens=False) == [0x68, 0xC3, 0xA9, 0x09]  # prompts take any byte
+
+
 def make_hf_folder(path, *, chat_template: str | None) -> None:
     """A small byte-level BPE tokenizer, trained here, saved as a Hugging Face folder."""
     from tokenizers import Tokenizer as RawTokenizer
@@ -83,6 +93,7 @@ def test_hf_folder_encode_decode_stream(tmp_path):
     make_hf_folder(tmp_path, chat_template=TEMPLATE)
     tok = HFTokenizer.from_folder(tmp_path)
     assert tok.eos_token_ids == {1} and tok.vocab_size == len(tok.hf)
+    assert tok.never_sampled_ids == frozenset()  # a real model samples its whole vocabulary
     for text in TEXTS:
         ids = tok.encode(text, add_special_tokens=False)
         assert tok.decode(ids) == text
