@@ -19,6 +19,8 @@ from chunkstore.bench.workload import Reply, Workload, drive, ideal_cached_token
 from chunkstore.cache.layout import KVLayout
 from chunkstore.identity import ModelIdentity
 
+pytestmark = pytest.mark.slow  # real benchmark runs: left out of the fast subset
+
 CLIENTS, ROUNDS, QUESTION, OUTPUT, PAGE = 4, 3, 40, 3, 16
 TINY = ["--preset", "tiny", "--num-clients", str(CLIENTS), "--num-rounds", str(ROUNDS), "--request-length",
         str(QUESTION), "--output-length", str(OUTPUT), "--page-size", str(PAGE), "--max-parallel", "1",

@@ -15,6 +15,8 @@ from chunkstore.bench import store as bench
 from chunkstore.bench.kvdata import KVSource, synthetic_pages
 from chunkstore.identity import ModelIdentity
 
+pytestmark = pytest.mark.slow  # real benchmark runs: left out of the fast subset
+
 TINY = ["--size-mb", "16", "--index-rows", "20000", "--no-progress"]
 
 THROUGHPUTS = ("save_gbps", "load_gbps", "raw_write_gbps", "raw_read_gbps",

@@ -133,6 +133,7 @@ def test_json_is_a_flag_that_prints_json_on_every_command():
             "soak crash"} <= set(with_json)
 
 
+@pytest.mark.slow
 def test_bench_json_prints_json_and_output_writes_a_file(tmp_path):
     """Also: without --no-progress, a bench whose stderr is not a terminal draws no progress bar."""
     out_file = tmp_path / "tiers.json"

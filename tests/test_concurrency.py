@@ -18,7 +18,7 @@ from chunkstore.files import Durability
 from chunkstore.maintenance import check_file, verify
 from chunkstore.store import ChunkStore, StoreBusyError
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 RUN_S = 5.0
 

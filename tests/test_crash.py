@@ -24,7 +24,7 @@ from chunkstore import soak
 from chunkstore.files import TMP_PREFIX, Durability
 from chunkstore.store import ChunkStore
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def _open(path: Path) -> ChunkStore:

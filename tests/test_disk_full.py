@@ -41,6 +41,11 @@ def full(store, identity):
     return store, old, old_t, new, new_t
 
 
+def _disk_full_insert(rows):
+    """An index insert as SQLite fails it on a full disk."""
+    raise sqlalchemy.exc.OperationalError("INSERT INTO chunks", {}, sqlite3.OperationalError("database or disk is full"))
+
+
 def _assert_invisible(store: ChunkStore, pages) -> None:
     assert store.exists([p.key for p in pages]) == [False] * len(pages)
     assert not any(store.files.path_for(p.key).exists() for p in pages)
@@ -205,11 +210,7 @@ def test_failed_publish_counts_write_errors(full, monkeypatch):
 def test_index_full_on_insert(full):
     store, old, old_t, new, new_t = full
 
-    def disk_full_insert(rows):
-        raise sqlalchemy.exc.OperationalError("INSERT INTO chunks", {}, sqlite3.OperationalError(
-            "database or disk is full"))
-
-    store.index.insert = disk_full_insert
+    store.index.insert = _disk_full_insert
     try:
         result = store.put(new, new_t)
     finally:
@@ -278,11 +279,7 @@ def test_failures_are_logged_rate_limited_with_the_reason_and_the_folder(tmp_pat
 def test_failed_index_commits_are_each_counted(full):
     store, old, old_t, new, new_t = full
 
-    def disk_full_insert(rows):
-        raise sqlalchemy.exc.OperationalError("INSERT INTO chunks", {}, sqlite3.OperationalError(
-            "database or disk is full"))
-
-    store.index.insert = disk_full_insert
+    store.index.insert = _disk_full_insert
     try:
         for _ in range(2):
             assert len(store.put(new, new_t).failed) == 4

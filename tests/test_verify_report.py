@@ -24,7 +24,7 @@ from chunkstore.files import Durability
 from chunkstore.maintenance import verify
 from chunkstore.store import ChunkStore
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 ORPHANED = soak.chain_for("default", (0, 1, 2))  # published, then killed before the row commit
 UNPUBLISHED = soak.chain_for("ns1", (1, 0))  # temp files written, then killed before publish

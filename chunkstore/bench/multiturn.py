@@ -29,7 +29,7 @@ from chunkstore.bench.multiturn_report import format_table, summarize_run, targe
 from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
 from chunkstore.cache.config import CacheConfig, PoolSize
 from chunkstore.cache.layout import KVLayout
-from chunkstore.output import add_output_arguments, emit_result
+from chunkstore.output import add_output_arguments, emit_result, json_safe
 
 DEFAULT_PAGE_SIZE = 16  # in-process: fine-grained reuse (a round adds 100 tokens by default)
 SERVER_PAGE_SIZE = 64  # with --url: chunkstore serve's default page size
@@ -450,16 +450,6 @@ def config_from_args(args: argparse.Namespace) -> MultiturnConfig:
         api_key=args.api_key, namespace=args.namespace, keep=args.keep, show_progress=not args.no_progress)
 
 
-def _json_safe(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 def run(args: argparse.Namespace) -> int:
     """Exit code: 0 done, 1 a request or the server failed (or a target was missed under --strict),
     2 bad options."""
@@ -476,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"chunkstore bench multiturn: the benchmark failed: {exc}", file=sys.stderr)
         return 1
-    emit_result(args, _json_safe(result), format_table(result))
+    emit_result(args, json_safe(result), format_table(result))
     if args.plot is not None:
         write_plot(result, args.plot)
     return 1 if args.strict and not result["all_pass"] else 0

@@ -18,7 +18,8 @@ from api import CacheBackend, StoreBackend, create_app
 from tests.api.conftest import ADMIN, fill_store, live_server, settings, warm
 
 ST = shutil.which("schemathesis") or shutil.which("st")
-pytestmark = pytest.mark.skipif(ST is None, reason="schemathesis is not installed (pip install schemathesis)")
+pytestmark = [pytest.mark.skipif(ST is None, reason="schemathesis is not installed (pip install schemathesis)"),
+              pytest.mark.slow]
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 
 

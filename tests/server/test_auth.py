@@ -129,6 +129,7 @@ def test_a_tenants_flush_empties_only_its_own_memory(keyed):
     assert from_bob["disk"] >= PAGE_SIZE and from_bob["device"] == from_bob["host"] == 0  # Bob's went to disk
 
 
+@pytest.mark.slow
 def test_serve_refuses_an_admin_token_equal_to_a_tenant_key(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CHUNKSTORE_API_KEY": f"alice={ALICE}",
            "CHUNKSTORE_ADMIN_TOKEN": ALICE}

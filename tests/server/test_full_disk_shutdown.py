@@ -4,12 +4,16 @@ cleanly and exits 0; the store opens again afterwards and holds nothing half-wri
 
 from __future__ import annotations
 
+import pytest
+
 import signal
 
 from chunkstore.store import ChunkStore, read_identity
 from tests.fullfs import fill, small_tmpfs
 from tests.server.conftest import STORY, ServeProcess, disk_chunks
 from tests.server.test_process import complete, fed_pages
+
+pytestmark = pytest.mark.slow  # `chunkstore serve` subprocesses: left out of the fast subset
 
 
 def test_sigterm_on_a_full_disk_reports_the_unwritten_pages_and_exits_0(tmp_path):

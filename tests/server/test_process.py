@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import signal
 
 from tests.server.conftest import PAGE_SIZE, STORY, disk_chunks, wait_for_disk_chunks
+
+pytestmark = pytest.mark.slow  # `chunkstore serve` subprocesses: left out of the fast subset
 
 GREEDY = {"max_tokens": 16, "temperature": 0}
 

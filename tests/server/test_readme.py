@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from tests.server.conftest import REPO
 
 README = (REPO / "README.md").read_text()
@@ -28,6 +30,7 @@ def run_curl(url: str) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow
 def test_the_quick_start_curl_shows_a_hit_the_second_time_and_from_disk_after_a_restart(serve_process):
     flags = ("--page-size", "64", "--device-size", "256pages")  # the README's defaults, not ServeProcess's
     served = serve_process(*flags)

@@ -19,7 +19,8 @@ from chunkstore.server.settings import ServerSettings
 from tests.server.conftest import REPO, Served, cache_config
 
 ST = shutil.which("schemathesis") or shutil.which("st")
-pytestmark = pytest.mark.skipif(ST is None, reason="schemathesis is not installed (pip install schemathesis)")
+pytestmark = [pytest.mark.skipif(ST is None, reason="schemathesis is not installed (pip install schemathesis)"),
+              pytest.mark.slow]
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
 OPERATIONS = 8  # /health, /v1/models (2), /v1/completions, /v1/chat/completions, /generate, /get_model_info,
 # /flush_cache

@@ -3,9 +3,13 @@ the generated admin token announced at INFO (never the token), no weight-loading
 
 from __future__ import annotations
 
+import pytest
+
 import re
 
 from tests.engine.test_loader import make_model_folder
+
+pytestmark = pytest.mark.slow  # `chunkstore serve` subprocesses: left out of the fast subset
 
 
 def test_serve_log_has_no_duplicates_warnings_or_progress_bars(serve_process, tmp_path):

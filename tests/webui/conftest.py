@@ -24,6 +24,14 @@ VIEWS = ("overview", "namespaces", "chunks", "controls", "settings")
 SHOTS = Path(os.environ.get("CHUNKSTORE_SCREENSHOTS_DIR", REPO / "screenshots" / "webui"))
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """Browser tests are `slow`: the fast subset (`-m "not slow"`) leaves them out; CI runs them."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)
+
+
 
 def send_traffic(server: ServeProcess, rounds: int = 2) -> None:
     """Completions in two namespaces, each prompt twice or more, so that there are chunks and hits."""
