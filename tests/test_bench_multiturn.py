@@ -313,3 +313,10 @@ def test_keep_refuses_a_folder_with_files(tmp_path, capsys):
     (tmp_path / "something").write_text("x")
     assert bench.run(parse([*TINY, "--keep", str(tmp_path)])) == 2
     assert "not a new or empty folder" in capsys.readouterr().err
+
+
+def test_disk_size_takes_gb_or_a_size_as_every_command_does():
+    assert bench.config_from_args(parse(["--disk-size", "500MB"])).disk_size_gb == 0.5
+    assert bench.config_from_args(parse(["--disk-size", "2"])).disk_size_gb == 2.0
+    with pytest.raises(SystemExit):
+        parse(["--disk-size", "lots"])

@@ -30,6 +30,7 @@ from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
 from chunkstore.cache.config import CacheConfig, PoolSize
 from chunkstore.cache.layout import KVLayout
 from chunkstore.output import add_output_arguments, emit_result, json_safe
+from chunkstore.sizes import argparse_type, positive_gb
 
 DEFAULT_PAGE_SIZE = 16  # in-process: fine-grained reuse (a round adds 100 tokens by default)
 SERVER_PAGE_SIZE = 64  # with --url: chunkstore serve's default page size
@@ -240,7 +241,7 @@ def chat_sender(client, model: str, workload: Workload, namespace: str, *, fresh
 
 def _progress(cfg: MultiturnConfig, desc: str) -> tqdm:
     return tqdm(total=cfg.workload.num_requests, desc=desc, unit="req", file=sys.stderr, leave=False,
-                dynamic_ncols=True, disable=not cfg.show_progress)
+                dynamic_ncols=True, disable=not cfg.show_progress or not sys.stderr.isatty())
 
 
 # ---- runs ----------------------------------------------------------------------------------------
@@ -415,7 +416,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-size", default=None,
                         help="device pool, bytes or pages, e.g. 64MB, 200pages (default: derived)")
     parser.add_argument("--host-size", default=None, help="host pool, bytes or pages (default: derived)")
-    parser.add_argument("--disk-size", type=float, default=None, help="disk tier capacity in GB (default unbounded)")
+    parser.add_argument("--disk-size", type=argparse_type(positive_gb), default=None, metavar="GB|SIZE",
+                        help="disk tier capacity: GB, or a size such as 500MB (default unbounded)")
     parser.add_argument("--url", default=None, help="benchmark the server at this URL instead (OpenAI chat API)")
     parser.add_argument("--api-key", default=None, help="with --url: bearer token of the server")
     parser.add_argument("--namespace", default=None,
