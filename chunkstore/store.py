@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import mmap
 import os
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STORE_FILENAME = "store.json"
+MODELS_DIRNAME = "models"  # in a data folder: the stores of models other than the first (store_root)
 LOCK_FILENAME = "LOCK"
 STORE_FORMAT = 1
 # In store.json once every file and folder of the chunk tree has been made private (a store
@@ -174,6 +177,22 @@ def read_identity(root: Path) -> ModelIdentity | None:
     if doc is None:
         return None
     return ModelIdentity.from_json(json.dumps(doc["identity"]))
+
+
+def store_root(data_dir: Path, identity: ModelIdentity) -> Path:
+    """Where the store of ``identity`` lives in the data folder ``data_dir``, so that one data folder
+    serves any model: the folder itself when it is new or holds this model's store (the first
+    model takes it, as a store opened there directly does), else ``models/<model>-<digest>/`` below
+    it, one store per further identity (each with its own lock, index and capacity: servers of two
+    models may share a data folder at once). The digest covers the whole identity, so two
+    identities never share a folder."""
+    data_dir = Path(data_dir)
+    stored = read_identity(data_dir)
+    if stored is None or stored == identity:
+        return data_dir
+    name = re.sub(r"(?:[^A-Za-z0-9._-]|\.\.)+", "-", identity.model_id).strip("-.")[:48] or "model"
+    digest = hashlib.blake2b(identity.to_json().encode(), digest_size=6).hexdigest()
+    return data_dir / MODELS_DIRNAME / f"{name}-{digest}"
 
 
 class ChunkStore:
@@ -317,9 +336,10 @@ class ChunkStore:
         elif stored != self.identity and not allow_other_models:
             raise ModelMismatchError(
                 f"the store at {self.root} holds KV of {stored}, not {self.identity}; "
-                "give this model a data folder of its own (`--disk-path DIR`, or another folder in "
-                "ChunkStore(...)); from Python, ChunkStore(..., allow_other_models=True) shares this one "
-                "(keys keep the models apart)"
+                "open ChunkStore(store_root(DIR, identity), ...) (chunkstore.store.store_root: the "
+                "folder of this model's own store in the data folder DIR, as `chunkstore serve` does), "
+                "or pass another folder; allow_other_models=True shares this store (keys keep the "
+                "models apart)"
             )
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ from chunkstore.cache.radix_types import (
 from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsage
 from chunkstore.identity import ModelIdentity
 from chunkstore.keys import DEFAULT_NAMESPACE, chain_pages
-from chunkstore.store import ChunkStore
+from chunkstore.store import ChunkStore, store_root
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,9 @@ class TieredCache(CacheAdministration):
         self._lock = self.tree.lock
         self._owns_store = store is None and config.use_disk
         if self._owns_store:
-            store = ChunkStore(config.disk_path, identity, capacity_bytes=config.disk_capacity_bytes(self.layout),
+            # The data folder serves any model: this identity's own store in it (store_root).
+            store = ChunkStore(store_root(config.disk_path, identity), identity,
+                               capacity_bytes=config.disk_capacity_bytes(self.layout),
                                codec=config.codec_for(self.layout))
         self.store = store if config.use_disk else None
         self.counters = CacheCounters()

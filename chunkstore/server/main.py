@@ -105,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
         log.info("closed")
 
 
+def _data_folder(engine, cache_config: CacheConfig) -> str:
+    """Where this model's pages live: its store's folder (below the data folder for a second model)."""
+    store = engine.cache.store
+    return str(store.root) if store is not None else f"{cache_config.disk_path} (no disk tier)"
+
+
 def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     from chunkstore.server.app import create_app
     from chunkstore.server.lifecycle import bind, serve_until_signal
@@ -117,6 +123,6 @@ def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     print(f"chunkstore serve: http://{url_host}:{port} model {settings.model_name!r} "
-          f"({engine.loaded.model_id}, {engine.loaded.device}), data in {cache_config.disk_path}", flush=True)
+          f"({engine.loaded.model_id}, {engine.loaded.device}), data in {_data_folder(engine, cache_config)}", flush=True)
     serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s)
     return 0

@@ -4,9 +4,9 @@ cleanly and exits 0; the store opens again afterwards and holds nothing half-wri
 
 from __future__ import annotations
 
-import pytest
-
 import signal
+
+import pytest
 
 from chunkstore.store import ChunkStore, read_identity
 from tests.fullfs import fill, small_tmpfs

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import signal
+
+import pytest
 
 from tests.server.conftest import PAGE_SIZE, STORY, disk_chunks, wait_for_disk_chunks
 
@@ -86,3 +86,20 @@ def test_sigterm_lets_streams_end_then_persists_and_exits_0(serve_process, tmp_p
     after = complete(again, prompt)
     assert after["choices"][0]["text"] == before["choices"][0]["text"]
     assert after["usage"]["cached_tokens_details"]["disk"] == prompt_pages_tokens(after["usage"]) > 0
+
+
+def test_two_models_share_one_data_folder_at_once(serve_process, tmp_path):
+    data = tmp_path / "data"
+    tiny = serve_process()
+    small = serve_process("--preset", "small")  # another model over the same --disk-path: no mismatch
+    assert f"data in {data}\n" in tiny.output()
+    assert f"data in {data / 'models'}/" in small.output()
+    for server in (tiny, small):
+        complete(server, "two models, one folder: " + STORY)
+        assert complete(server, "two models, one folder: " + STORY)["usage"]["prompt_tokens_details"][
+            "cached_tokens"] > 0
+    for server in (tiny, small):
+        server.signal(signal.SIGTERM)
+        assert server.wait() == 0
+    again = serve_process("--preset", "small")  # a restart finds its own store again
+    assert complete(again, "two models, one folder: " + STORY)["usage"]["cached_tokens_details"]["disk"] > 0

@@ -3,9 +3,9 @@ the generated admin token announced at INFO (never the token), no weight-loading
 
 from __future__ import annotations
 
-import pytest
-
 import re
+
+import pytest
 
 from tests.engine.test_loader import make_model_folder
 
