@@ -226,10 +226,14 @@ class Command:
 
     path: tuple[str, ...]
     help: str
-    func: Callable[[argparse.Namespace], int]
+    func: Callable[[argparse.Namespace], int] | None = None  # None: ``module``'s run
     store: bool = False  # takes --disk-path and --json
     add: Callable[[argparse.ArgumentParser], None] | None = None
     module: str | None = None
+
+    @property
+    def runner(self) -> Callable[[argparse.Namespace], int]:
+        return self.func if self.func is not None else _delegate(self.module)
 
 
 _GROUPS = {("db",): ("index schema commands", "DB_COMMAND"), ("bench",): ("benchmarks", "BENCH"),
@@ -243,17 +247,16 @@ COMMANDS = (
             add=_add_evict),
     Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True),
     Command(("bench", "store"), "store throughput against raw disk I/O, compression, lookups",
-            _delegate("chunkstore.bench.store"), module="chunkstore.bench.store"),
+            module="chunkstore.bench.store"),
     Command(("bench", "tiers"), "match+insert cost, host->device and disk->device against baselines",
-            _delegate("chunkstore.bench.tiers"), module="chunkstore.bench.tiers"),
+            module="chunkstore.bench.tiers"),
     Command(("bench", "multiturn"), "multi-turn chat: hit rate, TTFT, throughput per cache configuration",
-            _delegate("chunkstore.bench.multiturn"), module="chunkstore.bench.multiturn"),
+            module="chunkstore.bench.multiturn"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
-            _delegate("chunkstore.server.main"), module="chunkstore.server.main"),
-    Command(("admin",), "the management REST API alone, over a store on disk", _delegate("api.cli"),
-            module="api.cli"),
+            module="chunkstore.server.main"),
+    Command(("admin",), "the management REST API alone, over a store on disk", module="api.cli"),
     Command(("soak", "crash"), "kill a writer with SIGKILL at random moments, check every key after",
-            _delegate("chunkstore.soak"), module="chunkstore.soak"),
+            module="chunkstore.soak"),
 )
 
 
@@ -289,7 +292,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                 command.add(p)
             if command.module is not None:
                 importlib.import_module(command.module).add_arguments(p)
-        p.set_defaults(func=command.func)
+        p.set_defaults(func=command.runner)
     return parser
 
 

@@ -66,9 +66,7 @@ class PoolSize:
 
 def parse_bytes(text: Any) -> int:
     """A size in bytes ('500MB', '2GiB', '1048576'); pages are refused. Raises ValueError."""
-    size = PoolSize.parse(text, pages=False)
-    assert size.num_bytes is not None
-    return size.num_bytes
+    return PoolSize.parse(text, pages=False).num_bytes  # pages=False: always a byte count
 
 
 def disk_size_gb(value: Any) -> Any:
