@@ -281,6 +281,7 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
         if setup is Setup.DISK_RESTART:
             extra["cold_method"] = make_cold(files_under(store))
         engine = Engine(loaded, budgets.cache_config(setup, cfg.page_size, store, cfg.disk_size_gb), engine_config)
+        engine.cache.wait_prefaulted()  # every configuration starts with its pools mapped
         try:
             with _progress(cfg, setup.value) as bar:
                 result = drive(w, engine_sender(engine, w, fresh_namespaces=setup is Setup.NO_CACHE),

@@ -179,6 +179,7 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
     batch_bytes = batch * page_bytes
     h2d, memcpy, d2d, load = [], [], [], []
     with TieredCache(config, identity) as cache:
+        cache.wait_prefaulted()  # the steady state: pools mapped, as the copy baseline's dst is
         with _progress(cfg, n, "fill") as bar:
             for i in range(n):
                 _fill(cache, prompts[i:i + 1], pages[i * batch:(i + 1) * batch], batch)
@@ -200,6 +201,7 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
     store_files = files_under(work / "store")
     cold_method = "none"
     with TieredCache(config, identity) as cache:  # a restart: memory tiers empty, the disk warm-starts
+        cache.wait_prefaulted()
         refs = [chain_pages(identity, p) for p in prompts]
         out = torch.empty((batch, *identity.page_shape), dtype=pages.dtype)
         with _progress(cfg, n, "disk->device") as bar:

@@ -744,6 +744,11 @@ class TieredCache(CacheAdministration):
         return self.counters.snapshot(page_size=self.page_size, device=device, host=host, disk=disk,
                                       queue_depths=self.controller.queue_depths())
 
+    def wait_prefaulted(self, timeout_s: float | None = None) -> bool:
+        """Wait until the CPU pools' memory is mapped (pools.py: they start empty and are
+        prefaulted in the background); benchmarks call it to time the steady state. True when done."""
+        return all(pool.wait_prefaulted(timeout_s) for pool in (self.device_pool, self.host_pool))
+
     def close(self, *, flush: bool = False) -> None:
         """Finish the transfers in flight (and, with ``flush``, write everything down first), stop
         the threads and close the store this cache opened. Idempotent. Pages that cannot be written
@@ -757,6 +762,8 @@ class TieredCache(CacheAdministration):
             self._refresher.close()
         self.controller.wait_idle()
         self.controller.close()
+        self.device_pool.close()
+        self.host_pool.close()
         if self._owns_store:
             self.store.close()
 
