@@ -1,9 +1,9 @@
 """Load a model for the engine (a built-in preset or a local Hugging Face folder) and name its weights.
 
 Invariants: nothing is downloaded (``local_files_only=True``); ``LoadedModel.model_id`` changes
-whenever the weights or the compute dtype change (a preset: name, seed, dtype and a digest of the
-weight bytes; a folder: its name, dtype and a digest of config.json and the weight files' names,
-sizes and mtimes), because the cache keys bind this string, not the weights; a model is refused
+whenever the weights or the compute dtype change (a preset: name, seed, dtype, a digest of the
+weight bytes and the version of chunkstore's Llama code; a folder: its name, dtype and a digest
+of config.json and the weight files' names, sizes and mtimes), because the cache keys bind this string, not the weights; a model is refused
 unless every layer keeps plain full-attention K/V of one shape (the pages hold exactly that).
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from chunkstore.cache.pools import default_device
 from chunkstore.engine.kv_pages import forward, layer_kv, new_kv_cache
-from chunkstore.engine.presets import build_preset_model, get_preset, weights_digest
+from chunkstore.engine.presets import MODEL_CODE_VERSION, build_preset_model, get_preset, weights_digest
 from chunkstore.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from chunkstore.identity import ModelIdentity
 
@@ -97,7 +97,7 @@ def load_model(name_or_path: str | Path, *, seed: int = 0, dtype: str | None = N
     preset = get_preset(str(name_or_path))
     dtype_name = parse_dtype(dtype or "float32")
     model = build_preset_model(preset, seed=seed, dtype=DTYPES[dtype_name], device=device)
-    model_id = f"preset:{preset.name}:seed={seed}:{dtype_name}:w={weights_digest(model)}"
+    model_id = f"preset:{preset.name}:seed={seed}:{dtype_name}:w={weights_digest(model)}:code={MODEL_CODE_VERSION}"
     return _finish(model, ByteTokenizer(), model_id, dtype_name, device)
 
 

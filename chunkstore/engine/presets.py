@@ -7,6 +7,9 @@ resulting bytes, so a model id that contains it names the weights, whatever the 
 A preset generates only newline, printable ASCII and EOS (the byte tokenizer's
 ``never_sampled_ids``, masked by the sampler): that changes which token comes next, never the KV
 of a given token sequence, so neither the weights nor the model id (nor any cached page) depend on it.
+The model is chunkstore's own Llama (chunkstore.engine.llama); ``MODEL_CODE_VERSION`` is part of a
+preset's model id and changes whenever that code's arithmetic does, so no page computed by one
+version is served to another.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import xxhash
 
+from chunkstore.engine.llama import LlamaForCausalLM, LlamaShape
 from chunkstore.engine.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
 
 
@@ -37,7 +41,15 @@ class Preset:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    def shape(self) -> LlamaShape:
+        return LlamaShape(vocab_size=ByteTokenizer().vocab_size, hidden_size=self.hidden_size,
+                          intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+                          num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+                          head_dim=self.head_dim, max_position_embeddings=self.max_positions)
+
     def llama_config(self):
+        """The same model as a ``transformers.LlamaConfig`` (a test runs transformers' Llama on
+        the preset's weights and compares)."""
         from transformers import LlamaConfig
 
         return LlamaConfig(
@@ -48,6 +60,8 @@ class Preset:
             bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         )
 
+
+MODEL_CODE_VERSION = 1  # of chunkstore.engine.llama's arithmetic (transformers' Llama: none, before)
 
 PRESETS: dict[str, Preset] = {
     p.name: p for p in (
@@ -95,14 +109,10 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def build_preset_model(preset: Preset, *, seed: int, dtype: torch.dtype, device: torch.device):
-    """A ``LlamaForCausalLM`` of ``preset`` with seeded weights, in ``dtype`` on ``device``, in eval
-    mode. Leaves the global RNG as it was."""
-    from transformers import LlamaForCausalLM
-
-    config = preset.llama_config()
-    config._attn_implementation = "sdpa"
-    with torch.random.fork_rng(devices=[]):  # transformers' own init draws from the global RNG
-        model = LlamaForCausalLM(config)
+def build_preset_model(preset: Preset, *, seed: int, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """chunkstore's ``LlamaForCausalLM`` of ``preset`` with seeded weights, in ``dtype`` on
+    ``device``, in eval mode. Leaves the global RNG as it was."""
+    with torch.random.fork_rng(devices=[]):  # torch's default init draws from the global RNG
+        model = LlamaForCausalLM(preset.shape())
     seeded_init_(model, seed)
     return model.to(device=device, dtype=dtype).eval()
