@@ -252,6 +252,8 @@ COMMANDS = (
             module="chunkstore.bench.tiers"),
     Command(("bench", "multiturn"), "multi-turn chat: hit rate, TTFT, throughput per cache configuration",
             module="chunkstore.bench.multiturn"),
+    Command(("bench", "startup"), "start-up of the CLI and of serve against importing torch and transformers",
+            module="chunkstore.bench.startup"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
             module="chunkstore.server.main"),
     Command(("admin",), "the management REST API alone, over a store on disk", module="api.cli"),

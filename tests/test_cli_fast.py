@@ -102,8 +102,9 @@ def test_a_store_opened_offline_does_not_load_torch_until_a_tensor_moves(store_r
     assert out.stdout.split() == ["6", "False", "6", "True"]
 
 
-def test_version():
-    out = subprocess.run([sys.executable, "-m", "chunkstore.cli", "--version"], capture_output=True, text=True,
+@pytest.mark.parametrize("module", ["chunkstore.cli", "chunkstore"])  # python -m chunkstore: the same CLI
+def test_version(module):
+    out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True,
                          cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"chunkstore {__version__}"
@@ -129,7 +130,7 @@ def test_json_is_a_flag_that_prints_json_on_every_command():
                 with_json.append(" ".join(path))
             if isinstance(action.default, Path) or action.type is Path:
                 assert "--json" not in action.option_strings
-    assert {"stats", "verify", "gc", "evict", "bench store", "bench tiers", "bench multiturn",
+    assert {"stats", "verify", "gc", "evict", "bench store", "bench tiers", "bench multiturn", "bench startup",
             "soak crash"} <= set(with_json)
 
 
@@ -210,7 +211,7 @@ def _option_helps(parser: argparse.ArgumentParser):
             yield action.option_strings[-1], action.help
 
 
-@pytest.mark.parametrize("command", ["serve", "bench multiturn", "bench store", "bench tiers", "admin"])
+@pytest.mark.parametrize("command", ["serve", "bench multiturn", "bench store", "bench tiers", "bench startup", "admin"])
 def test_help_states_at_most_one_default_per_option(command):
     parser = dict(_leaf_commands(build_parser()))[tuple(command.split())]
     for option, help_text in _option_helps(parser):
