@@ -4,7 +4,7 @@
 from alembic import context
 from sqlalchemy import create_engine
 
-from chunkstore.schema import metadata
+from chunkstore.disk.schema import metadata
 
 config = context.config
 

@@ -12,8 +12,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "create_app": "api.app", "mount": "api.app", "API_PREFIX": "api.app", "AdminSettings": "api.settings",
-    "CacheBackend": "api.backend", "StoreBackend": "api.backend", "AdminBackend": "api.backend",
+    "create_app": "chunkstore.api.app", "mount": "chunkstore.api.app", "API_PREFIX": "chunkstore.api.app", "AdminSettings": "chunkstore.api.settings",
+    "CacheBackend": "chunkstore.api.backend", "StoreBackend": "chunkstore.api.backend", "AdminBackend": "chunkstore.api.backend",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -22,4 +22,4 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'api' has no attribute {name!r}")
+    raise AttributeError(f"module 'chunkstore.api' has no attribute {name!r}")

@@ -16,13 +16,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.backend.base import AdminBackend
-from api.errors import install_error_handlers
-from api.middleware import HostCheckMiddleware, ResponseMiddleware, body_too_large
-from api.routers import ROUTERS
-from api.runtime import AdminRuntime
-from api.settings import AdminSettings
-from api.webui import add_webui
+from chunkstore.api.backend.base import AdminBackend
+from chunkstore.api.errors import install_error_handlers
+from chunkstore.api.middleware import HostCheckMiddleware, ResponseMiddleware, body_too_large
+from chunkstore.api.routers import ROUTERS
+from chunkstore.api.runtime import AdminRuntime
+from chunkstore.api.settings import AdminSettings
+from chunkstore.api.webui import add_webui
 from chunkstore import __version__
 from chunkstore.body_limit import BodyLimitMiddleware
 

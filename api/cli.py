@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace):
-    from api.settings import AdminSettings
+    from chunkstore.api.settings import AdminSettings
 
     given = {"host": args.host, "port": args.port, "token": args.admin_token,
              "allowed_hosts": tuple(args.allowed_host) if args.allowed_host else None,
@@ -55,10 +55,10 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from pydantic import ValidationError
 
-    from api.app import API_PREFIX, create_app
-    from api.backend import StoreBackend
-    from chunkstore.index import IndexMissingError
-    from chunkstore.store import StoreBusyError
+    from chunkstore.api.app import API_PREFIX, create_app
+    from chunkstore.api.backend import StoreBackend
+    from chunkstore.disk.index import IndexMissingError
+    from chunkstore.disk.store import StoreBusyError
 
     def fail(message: str) -> int:
         print(f"chunkstore: error: {message}", file=sys.stderr)

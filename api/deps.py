@@ -15,10 +15,10 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Header, Request
 
-from api.backend.base import AdminBackend
-from api.errors import AdminError
-from api.runtime import AdminRuntime
-from api.security import Caller, Role, is_loopback
+from chunkstore.api.backend.base import AdminBackend
+from chunkstore.api.errors import AdminError
+from chunkstore.api.runtime import AdminRuntime
+from chunkstore.api.security import Caller, Role, is_loopback
 
 audit_log = logging.getLogger("chunkstore.api.audit")
 

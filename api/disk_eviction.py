@@ -13,10 +13,10 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from chunkstore.index import ChunkIndex, ChunkRow
-from chunkstore.store import ChunkStore
+from chunkstore.disk.index import ChunkIndex, ChunkRow
+from chunkstore.disk.store import ChunkStore
 
-from api.backend.base import BackendError
+from chunkstore.api.backend.base import BackendError
 
 _LEAF_BATCH = 256
 

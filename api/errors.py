@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from api.backend.base import BackendError
+from chunkstore.api.backend.base import BackendError
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import threading
 
 from sqlalchemy import delete, func, insert, select
 
-from chunkstore.schema import STATS_HISTORY_FIGURES, STATS_HISTORY_SERVING, stats_history
-from chunkstore.store import ChunkStore
+from chunkstore.disk.schema import STATS_HISTORY_FIGURES, STATS_HISTORY_SERVING, stats_history
+from chunkstore.disk.store import ChunkStore
 
-from api.backend.base import AdminBackend, BackendError, BackendSnapshot
+from chunkstore.api.backend.base import AdminBackend, BackendError, BackendSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.choices import Choice
-from chunkstore.maintenance import gc, verify
+from chunkstore.disk.maintenance import gc, verify
 
-from api.backend.base import AdminBackend
-from api.history import HistoryTable
+from chunkstore.api.backend.base import AdminBackend
+from chunkstore.api.history import HistoryTable
 
 log = logging.getLogger(__name__)
 

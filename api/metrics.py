@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.backend.base import AdminBackend, BackendError
+from chunkstore.api.backend.base import AdminBackend, BackendError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chunkstore.files import PRIVATE_FILE_MODE, make_private, write_private_file
+from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private, write_private_file
 
 log = logging.getLogger(__name__)
 

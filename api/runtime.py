@@ -13,13 +13,13 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from api.backend.base import AdminBackend, BackendError
-from api.history import HistorySampler, HistoryTable
-from api.jobs import JobRunner
-from api.metrics import AdminMetrics
-from api.overrides import SettingsFile, shadowed
-from api.security import AdminToken, TokenSource, allowed_host_names, is_loopback, resolve_tokens
-from api.settings import AdminSettings
+from chunkstore.api.backend.base import AdminBackend, BackendError
+from chunkstore.api.history import HistorySampler, HistoryTable
+from chunkstore.api.jobs import JobRunner
+from chunkstore.api.metrics import AdminMetrics
+from chunkstore.api.overrides import SettingsFile, shadowed
+from chunkstore.api.security import AdminToken, TokenSource, allowed_host_names, is_loopback, resolve_tokens
+from chunkstore.api.settings import AdminSettings
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class AdminRuntime:
         """Apply the settings a PATCH /config kept in the data folder, except those the flags or
         the environment set explicitly; a setting that cannot be applied is logged and skipped.
         Returns what was applied."""
-        from api.schemas.config import ConfigPatch  # the one validation of live settings
+        from chunkstore.api.schemas.config import ConfigPatch  # the one validation of live settings
 
         saved = self.settings_file.read()
         applied = {}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from chunkstore.choices import Choice
 
-from api.settings import TOKEN_FILENAME, AdminSettings
+from chunkstore.api.settings import TOKEN_FILENAME, AdminSettings
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-# Next to the api package both in a checkout and in site-packages (pyproject.toml ships it as package data).
+# Beside the api folder in a checkout (webui/), and beside the installed chunkstore.api (chunkstore/webui/).
 WEBUI_DIR = Path(__file__).resolve().parent.parent / "webui"
 ASSETS_PATH = "/webui"
 

@@ -69,10 +69,10 @@ def _progress(total: int | None, desc: str):
 def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = False):
     from sqlalchemy.exc import DatabaseError
 
-    from chunkstore.files import Durability
-    from chunkstore.identity import ModelMismatchError
-    from chunkstore.index import IndexMissingError
-    from chunkstore.store import ChunkStore, StoreBusyError, read_identity
+    from chunkstore.disk.files import Durability
+    from chunkstore.disk.identity import ModelMismatchError
+    from chunkstore.disk.index import IndexMissingError
+    from chunkstore.disk.store import ChunkStore, StoreBusyError, read_identity
 
     root = Path(args.disk_path)
     try:
@@ -123,7 +123,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from chunkstore.maintenance import verify
+    from chunkstore.disk.maintenance import verify
 
     with _open_store(args, write=args.repair) as store:
         with _progress(store.index.count(), "verify") as bar:
@@ -134,7 +134,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from chunkstore.maintenance import rebuild
+    from chunkstore.disk.maintenance import rebuild
 
     with _open_store(args, write=True, reset_index=True) as store:
         with _progress(None, "rebuild") as bar:
@@ -144,7 +144,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from chunkstore.maintenance import gc
+    from chunkstore.disk.maintenance import gc
 
     with _open_store(args, write=True) as store:
         report = gc(store, purge_quarantine=args.purge_quarantine)
@@ -166,8 +166,8 @@ def cmd_evict(args: argparse.Namespace) -> int:
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy import create_engine
 
-    from chunkstore import migrations
-    from chunkstore.index import DB_FILENAME, prepare_db_files
+    from chunkstore.disk import migrations
+    from chunkstore.disk.index import DB_FILENAME, prepare_db_files
 
     root = Path(args.disk_path)
     if not root.is_dir():
@@ -256,9 +256,9 @@ COMMANDS = (
             module="chunkstore.bench.startup"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
             module="chunkstore.server.main"),
-    Command(("admin",), "the management REST API alone, over a store on disk", module="api.cli"),
+    Command(("admin",), "the management REST API alone, over a store on disk", module="chunkstore.api.cli"),
     Command(("soak", "crash"), "kill a writer with SIGKILL at random moments, check every key after",
-            module="chunkstore.soak"),
+            module="chunkstore.testing.crash_soak"),
 )
 
 

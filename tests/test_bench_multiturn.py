@@ -17,7 +17,7 @@ import pytest
 from chunkstore.bench import multiturn as bench
 from chunkstore.bench.workload import Reply, Workload, drive, ideal_cached_tokens
 from chunkstore.cache.layout import KVLayout
-from chunkstore.identity import ModelIdentity
+from chunkstore.disk.identity import ModelIdentity
 
 pytestmark = pytest.mark.slow  # real benchmark runs: left out of the fast subset
 

@@ -13,7 +13,7 @@ import torch
 from chunkstore import ChunkStore
 from chunkstore.bench import store as bench
 from chunkstore.bench.kvdata import KVSource, synthetic_pages
-from chunkstore.identity import ModelIdentity
+from chunkstore.disk.identity import ModelIdentity
 
 pytestmark = pytest.mark.slow  # real benchmark runs: left out of the fast subset
 

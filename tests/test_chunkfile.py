@@ -17,15 +17,15 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkstore import chunkfile
-from chunkstore import codec as codec_module
-from chunkstore.chunkfile import (
+from chunkstore.disk import chunkfile
+from chunkstore.disk import codec as codec_module
+from chunkstore.disk.chunkfile import (
     FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES, ChunkHeader, decode_chunk, decode_header, encode_header,
     make_header,
 )
-from chunkstore.codec import Codec, CorruptChunkError, Plane, PlaneCodec, encode
-from chunkstore.identity import DTYPE_CODES, DTYPE_ITEMSIZE
-from chunkstore.keys import encode_tokens, page_key
+from chunkstore.disk.codec import Codec, CorruptChunkError, Plane, PlaneCodec, encode
+from chunkstore.disk.identity import DTYPE_CODES, DTYPE_ITEMSIZE
+from chunkstore.disk.keys import encode_tokens, page_key
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "CHUNK_FORMAT.md"
 SHAPE = (2, 2, 16, 4, 32)  # 8192 items

@@ -71,7 +71,7 @@ def test_help_and_the_store_commands_import_no_torch_transformers_or_fastapi(sto
 def test_the_head_revision_read_from_the_scripts_is_alembics():
     from alembic.script import ScriptDirectory
 
-    from chunkstore import migrations
+    from chunkstore.disk import migrations
 
     assert migrations.head_revision() == ScriptDirectory.from_config(migrations._config()).get_current_head()
 
@@ -79,7 +79,7 @@ def test_the_head_revision_read_from_the_scripts_is_alembics():
 def test_the_package_imports_nothing_heavy_and_its_names_still_load():
     out = _python("import sys, chunkstore; before = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'); "
                   "from chunkstore import ChunkStore, ModelIdentity, chain_pages; "
-                  "from chunkstore.store import TORCH_DTYPES; "
+                  "from chunkstore.disk.store import TORCH_DTYPES; "
                   "print(before, ChunkStore.__name__, sorted(TORCH_DTYPES)[0])")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "ChunkStore", "bfloat16"]
@@ -88,8 +88,8 @@ def test_the_package_imports_nothing_heavy_and_its_names_still_load():
 def test_a_store_opened_offline_does_not_load_torch_until_a_tensor_moves(store_root):
     out = _python(textwrap.dedent("""
         import sys
-        from chunkstore.keys import chain_pages
-        from chunkstore.store import ChunkStore, read_identity
+        from chunkstore.disk.keys import chain_pages
+        from chunkstore.disk.store import ChunkStore, read_identity
         root = sys.argv[1]
         identity = read_identity(root)
         with ChunkStore(root, identity, read_only=True) as store:
@@ -221,7 +221,7 @@ def test_help_states_at_most_one_default_per_option(command):
 # -- documented ports ----------------------------------------------------------------------------
 
 def test_docs_name_the_ports_the_commands_use():
-    from api.settings import AdminSettings
+    from chunkstore.api.settings import AdminSettings
     from chunkstore.server.settings import ServerSettings
 
     serve_port, admin_port = ServerSettings.model_fields["port"].default, AdminSettings.model_fields["port"].default
@@ -246,7 +246,7 @@ def test_a_store_command_shows_no_progress_bar_when_stderr_is_not_a_terminal(sto
 
 def test_an_up_to_date_index_opens_without_alembic_lines(store_root):
     out = _python("import logging, sys; logging.basicConfig(level='INFO'); "
-                  "from chunkstore.store import ChunkStore, read_identity; "
+                  "from chunkstore.disk.store import ChunkStore, read_identity; "
                   "ChunkStore(sys.argv[1], read_identity(sys.argv[1])).close()", str(store_root))
     assert out.returncode == 0, out.stderr
     assert "alembic" not in out.stderr

@@ -13,8 +13,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkstore import codec as codec_module
-from chunkstore.codec import (
+from chunkstore.disk import codec as codec_module
+from chunkstore.disk.codec import (
     Codec, CorruptChunkError, EncodedPayload, Plane, PlaneCodec, check_planes, decode_into, encode,
 )
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from chunkstore import soak
+from chunkstore.testing import crash_soak as soak
 from chunkstore.cli import main
-from chunkstore.files import Durability
-from chunkstore.maintenance import check_file, verify
-from chunkstore.store import ChunkStore, StoreBusyError
+from chunkstore.disk.files import Durability
+from chunkstore.disk.maintenance import check_file, verify
+from chunkstore.disk.store import ChunkStore, StoreBusyError
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -212,8 +212,8 @@ def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
 
 _HOLDER = textwrap.dedent("""
     import sys
-    from chunkstore import soak
-    from chunkstore.store import ChunkStore
+    from chunkstore.testing import crash_soak as soak
+    from chunkstore.disk.store import ChunkStore
     with ChunkStore(sys.argv[1], soak.SOAK_IDENTITY) as store:
         pages = soak.chain_for("default", (2, 1, 0))
         assert store.put(pages, [soak.expected_page(p.key) for p in pages]).ok

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from chunkstore import ChunkStore, chain_pages
-from chunkstore.chunkfile import decode_header, encode_header, make_header
-from chunkstore.codec import encode
-from chunkstore.keys import PageRef, encode_tokens, page_key
-from chunkstore.maintenance import verify
-from chunkstore.store import page_tensor_bytes
+from chunkstore.disk.chunkfile import decode_header, encode_header, make_header
+from chunkstore.disk.codec import encode
+from chunkstore.disk.keys import PageRef, encode_tokens, page_key
+from chunkstore.disk.maintenance import verify
+from chunkstore.disk.store import page_tensor_bytes
 from tests.conftest import kv_pages, same_bytes
 
 VICTIM = 3  # a page in the middle of the chain: corrupting it must not hide its neighbours

@@ -1,4 +1,4 @@
-"""Crash safety: real writer processes SIGKILLed at random points (chunkstore.soak), then checked.
+"""Crash safety: real writer processes SIGKILLed at random points (chunkstore.testing.crash_soak), then checked.
 
 A kill may lose the step in flight and leave files to clean up; it must never leave a temp file
 after the next open, a corrupt or half-written chunk, a row without its file, or a page that
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from chunkstore import soak
-from chunkstore.files import TMP_PREFIX, Durability
-from chunkstore.store import ChunkStore
+from chunkstore.testing import crash_soak as soak
+from chunkstore.disk.files import TMP_PREFIX, Durability
+from chunkstore.disk.store import ChunkStore
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -61,7 +61,7 @@ def test_sigkill_cycles_fork_server(tmp_path):
 
 
 def test_sigkill_cycles_exec_writer(tmp_path):
-    """The real `python -m chunkstore.soak writer` entry point, one interpreter per cycle."""
+    """The real `python -m chunkstore.testing.crash_soak writer` entry point, one interpreter per cycle."""
     _open(tmp_path / "s").close()
     r = soak.run_crash_cycles(tmp_path / "s", 2, rng_seed=7, spawn=soak.Spawn.EXEC, max_delay_s=0.2)
     assert r["failures"] == []
@@ -72,9 +72,9 @@ def test_killed_writer_leaves_temps_that_open_removes(tmp_path):
     path = tmp_path / "s"
     proc = _spawn("""
         import sys, time
-        from chunkstore import soak
-        from chunkstore.files import Durability
-        from chunkstore.store import ChunkStore
+        from chunkstore.testing import crash_soak as soak
+        from chunkstore.disk.files import Durability
+        from chunkstore.disk.store import ChunkStore
         store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2)
         def hang(temps, executor=None):  # every temp file is complete, none is published yet
             print("written", flush=True)
@@ -116,8 +116,8 @@ def test_kill_during_first_migration(tmp_path):
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_create_index(*args, **kwargs)
         alembic.op.create_index = create_index_then_die
-        from chunkstore import soak
-        from chunkstore.store import ChunkStore
+        from chunkstore.testing import crash_soak as soak
+        from chunkstore.disk.store import ChunkStore
         ChunkStore(sys.argv[1], soak.SOAK_IDENTITY)
     """, str(path))
     _, err = proc.communicate(timeout=120)

@@ -1,5 +1,5 @@
-"""A full disk (ENOSPC) and failing renames, simulated at the system calls chunkstore.files makes
-(through ChunkFiles.os_write, its write seam, or os functions patched in chunkstore.files) and for
+"""A full disk (ENOSPC) and failing renames, simulated at the system calls chunkstore.disk.files makes
+(through ChunkFiles.os_write, its write seam, or os functions patched in chunkstore.disk.files) and for
 real on a small filled tmpfs (root only): the pages are reported failed, nothing becomes visible or
 stays behind, stored pages still load, and writes resume once space is back; every failed write is
 counted (also across failed index commits), logged rate-limited, and marks the store degraded until
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy.exc
 
-import chunkstore.files as files_mod
+import chunkstore.disk.files as files_mod
 from chunkstore import ChunkStore, chain_pages
 from tests.conftest import kv_pages, same_bytes
 from tests.fullfs import fill, small_tmpfs
@@ -255,7 +255,7 @@ def test_every_failed_write_is_counted_and_the_store_is_degraded_until_one_succe
 
 
 def test_failures_are_logged_rate_limited_with_the_reason_and_the_folder(tmp_path, identity, caplog):
-    caplog.set_level(logging.WARNING, logger="chunkstore.store")
+    caplog.set_level(logging.WARNING, logger="chunkstore.disk.store")
     pages = chain_pages(identity, list(range(identity.page_size * 3)))
     with ChunkStore(tmp_path / "s", identity, failure_log_interval_s=3600) as store:
         real_write, store.files.os_write = store.files.os_write, _no_space

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from api.overrides import SettingsFile
-from api.security import load_or_create_token
+from chunkstore.api.overrides import SettingsFile
+from chunkstore.api.security import load_or_create_token
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cli import main
-from chunkstore.index import db_files
-from chunkstore.maintenance import rebuild
-from chunkstore.store import PRIVATE_MARKER, STORE_FILENAME
+from chunkstore.disk.index import db_files
+from chunkstore.disk.maintenance import rebuild
+from chunkstore.disk.store import PRIVATE_MARKER, STORE_FILENAME
 from tests.conftest import TINY, kv_pages
 
 
@@ -136,7 +136,7 @@ def test_an_existing_store_is_made_private_when_a_writer_opens_it(tmp_path, capl
     before = _all_modes(root)
     assert _not_private(root) != {}
 
-    with caplog.at_level(logging.WARNING, logger="chunkstore.store"):
+    with caplog.at_level(logging.WARNING, logger="chunkstore.disk.store"):
         with ChunkStore(root, TINY, read_only=True) as store:  # a reader may not chmod: it says so
             assert store.exists([pages[0].key]) == [True]
     assert _all_modes(root) == before

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkstore.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow
+from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow
 
 ROOT = b"\xff" * 32
 _SORT_KEY = {ChunkOrder.LAST_ACCESS: lambda r: r.last_access_at, ChunkOrder.HITS: lambda r: r.hit_count,

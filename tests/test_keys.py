@@ -23,9 +23,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from chunkstore import keys
-from chunkstore.identity import DTYPE_CODES, ModelIdentity
-from chunkstore.keys import (
+from chunkstore.disk import keys
+from chunkstore.disk.identity import DTYPE_CODES, ModelIdentity
+from chunkstore.disk.keys import (
     KEY_SIZE_BYTES, PageRef, chain_keys, chain_pages, decode_tokens, encode_tokens, page_key, root_key,
 )
 
@@ -444,8 +444,8 @@ import json, sys, types
 package = types.ModuleType("chunkstore")
 package.__path__ = [sys.argv[1]]
 sys.modules["chunkstore"] = package
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import chain_pages, root_key
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import chain_pages, root_key
 out = {"hash": hash("chunkstore"), "keys": []}
 for case in json.load(sys.stdin):
     identity = ModelIdentity(**case["identity"])

@@ -17,9 +17,9 @@ import torch
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cli import main
-from chunkstore.index import db_files
-from chunkstore.keys import PageRef
-from chunkstore.maintenance import gc, rebuild, verify
+from chunkstore.disk.index import db_files
+from chunkstore.disk.keys import PageRef
+from chunkstore.disk.maintenance import gc, rebuild, verify
 from tests.conftest import TINY, kv_pages, same_bytes
 
 

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from chunkstore import ChunkStore, chain_pages
-from chunkstore.index import ChunkRow
+from chunkstore.disk.index import ChunkRow
 from tests.conftest import TINY
 
 NUM_ROWS = 1_000_000
@@ -52,7 +52,7 @@ def test_million_chunk_store_opens_lazily_within_memory(tmp_path):
     script = textwrap.dedent(f"""
         import json, time
         from chunkstore import ChunkStore, chain_pages
-        from chunkstore.store import read_identity
+        from chunkstore.disk.store import read_identity
 
         def rss_mb():
             for line in open("/proc/self/status"):

@@ -1,4 +1,4 @@
-"""The alembic migrations and chunkstore/schema.py describe the same database, and the usage
+"""The alembic migrations and chunkstore/disk/schema.py describe the same database, and the usage
 triggers keep per-namespace totals equal to the rows."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from chunkstore import migrations
-from chunkstore.index import ChunkIndex, ChunkRow
-from chunkstore.schema import metadata
+from chunkstore.disk import migrations
+from chunkstore.disk.index import ChunkIndex, ChunkRow
+from chunkstore.disk.schema import metadata
 
 
 def test_migrations_match_the_schema_module(tmp_path):

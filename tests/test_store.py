@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, chain_pages
-from chunkstore.store import TORCH_DTYPES
+from chunkstore.disk.store import TORCH_DTYPES
 from tests.conftest import kv_pages, same_bytes
 
 
@@ -52,7 +52,7 @@ def test_persistence_in_a_new_process(tmp_path, identity, chain):
     script = textwrap.dedent(f"""
         import json, sys, torch
         from chunkstore import ChunkStore, chain_pages
-        from chunkstore.store import read_identity
+        from chunkstore.disk.store import read_identity
         root = {str(tmp_path)!r}
         ident = read_identity(root)
         doc = json.load(open(root + "/expected.json"))
@@ -256,7 +256,7 @@ def test_one_writer_process_at_a_time(tmp_path, identity, chain):
     pages, tensors = chain
     with ChunkStore(tmp_path, identity) as s:
         s.put(pages, tensors)
-        script = (f"from chunkstore import ChunkStore, StoreBusyError\nfrom chunkstore.store import read_identity\n"
+        script = (f"from chunkstore import ChunkStore, StoreBusyError\nfrom chunkstore.disk.store import read_identity\n"
                   f"try:\n    ChunkStore({str(tmp_path)!r}, read_identity({str(tmp_path)!r}))\n"
                   f"except StoreBusyError:\n    print('BUSY')\n")
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -325,7 +325,7 @@ def test_a_short_direct_read_falls_back_to_a_buffered_one(tmp_path, identity, ch
         if not s.files.direct_reads:
             pytest.skip("this file system refuses O_DIRECT")
         real_preadv = os_module.preadv
-        monkeypatch.setattr("chunkstore.files.os.preadv", lambda fd, bufs, off: min(1, real_preadv(fd, bufs, off)))
+        monkeypatch.setattr("chunkstore.disk.files.os.preadv", lambda fd, bufs, off: min(1, real_preadv(fd, bufs, off)))
         got = s.get(pages)
         assert all(g is not None and same_bytes(g, t) for g, t in zip(got, tensors))
         assert s.stats().quarantined == 0
@@ -362,7 +362,7 @@ def test_a_read_that_fails_unexpectedly_gives_its_buffer_back(tmp_path, identity
 
 
 def test_gc_spares_the_temp_files_of_puts_in_flight(store, chain):
-    from chunkstore.maintenance import gc
+    from chunkstore.disk.maintenance import gc
 
     pages, tensors = chain
     mine = store.files.write_temp(pages[0].key, [b"in flight"])

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore import soak
-from chunkstore.files import Durability
-from chunkstore.maintenance import verify
-from chunkstore.store import ChunkStore
+from chunkstore.testing import crash_soak as soak
+from chunkstore.disk.files import Durability
+from chunkstore.disk.maintenance import verify
+from chunkstore.disk.store import ChunkStore
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -32,9 +32,9 @@ KEPT = soak.chain_for("default", (2,))  # committed before the crashes
 
 _WRITER = """
     import sys, time
-    from chunkstore import soak
-    from chunkstore.files import Durability
-    from chunkstore.store import ChunkStore
+    from chunkstore.testing import crash_soak as soak
+    from chunkstore.disk.files import Durability
+    from chunkstore.disk.store import ChunkStore
     store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2)
     def hang(*args, **kwargs):
         print("hung", flush=True)

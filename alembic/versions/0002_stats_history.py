@@ -13,7 +13,7 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-# Spelled out (not imported from chunkstore.schema): a migration is frozen once released.
+# Spelled out (not imported from chunkstore.disk.schema): a migration is frozen once released.
 _FIGURES = (
     "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
     "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",

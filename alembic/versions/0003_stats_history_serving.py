@@ -15,7 +15,7 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-# Spelled out (not imported from chunkstore.schema): a migration is frozen once released.
+# Spelled out (not imported from chunkstore.disk.schema): a migration is frozen once released.
 _COLUMNS = (("requests_total", sa.Integer), ("completion_tokens_total", sa.Integer), ("ttft_sum_s", sa.Float),
             ("ttft_count", sa.Integer))
 

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from chunkstore.cache.admin import MemoryEviction, MemorySelection, ResidentPage
 from chunkstore.cache.stats import CacheStats, NamespaceLookups
 from chunkstore.choices import Choice
-from chunkstore.identity import ModelIdentity
-from chunkstore.maintenance import Progress, RebuildReport
-from chunkstore.store import ChunkStore, StoreStats
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.maintenance import Progress, RebuildReport
+from chunkstore.disk.store import ChunkStore, StoreStats
 
 if TYPE_CHECKING:  # the engine package is heavy (torch, transformers) and above the API's imports
     from chunkstore.engine.serving_stats import ServingSnapshot

@@ -16,10 +16,10 @@ from typing import Any
 from chunkstore.cache.admin import MemoryEviction, MemorySelection, ResidentPage
 from chunkstore.cache.stats import NamespaceLookups
 from chunkstore.cache.tiered import TieredCache
-from chunkstore.maintenance import Progress, RebuildReport
-from chunkstore.store import ChunkStore
+from chunkstore.disk.maintenance import Progress, RebuildReport
+from chunkstore.disk.store import ChunkStore
 
-from api.backend.base import (
+from chunkstore.api.backend.base import (
     AdminBackend, BackendError, BackendKind, BackendSnapshot, Decode, FlushOutcome, NoDiskTierError, ReadOnlyError,
     ServingSource, StoreUnavailableError,
 )

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from chunkstore.files import Durability
-from chunkstore.maintenance import Progress, RebuildReport
-from chunkstore.maintenance import rebuild as rebuild_index
-from chunkstore.store import ChunkStore, read_identity
+from chunkstore.disk.files import Durability
+from chunkstore.disk.maintenance import Progress, RebuildReport
+from chunkstore.disk.maintenance import rebuild as rebuild_index
+from chunkstore.disk.store import ChunkStore, read_identity
 
-from api.backend.base import (
+from chunkstore.api.backend.base import (
     AdminBackend, BackendError, BackendKind, BackendSnapshot, Decode, FlushOutcome, ReadOnlyError, StartClock,
     StoreUnavailableError, UnsupportedError,
 )

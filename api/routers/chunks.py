@@ -16,14 +16,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from chunkstore.index import ChunkOrder, ChunkQuery, ChunkRow
+from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow
 
-from api.backend.base import AdminBackend, NoDiskTierError
-from api.deps import BackendDep, ReaderDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
-from api.errors import ERROR_RESPONSES, AdminError
-from api.security import Role
-from api.schemas.chunks import ChunkDetail, ChunkFilePublic, ChunkPublic, ChunksPage
-from api.schemas.common import KEY_PATTERN, NAMESPACE_PATTERN, TierName
+from chunkstore.api.backend.base import AdminBackend, NoDiskTierError
+from chunkstore.api.deps import BackendDep, ReaderDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
+from chunkstore.api.errors import ERROR_RESPONSES, AdminError
+from chunkstore.api.security import Role
+from chunkstore.api.schemas.chunks import ChunkDetail, ChunkFilePublic, ChunkPublic, ChunksPage
+from chunkstore.api.schemas.common import KEY_PATTERN, NAMESPACE_PATTERN, TierName
 
 router = APIRouter(prefix="/chunks", tags=["chunks"], dependencies=[Depends(require_reader)],
                    responses=ERROR_RESPONSES)

@@ -10,12 +10,12 @@ from pydantic import ValidationError
 
 from chunkstore.cache.admin import LIVE_SETTINGS
 
-from api.backend.base import BackendError
-from api.deps import AdminDep, GlobalReaderDep, RuntimeDep, audit, require_reader
-from api.errors import ERROR_RESPONSES, AdminError, validation_message
-from api.overrides import shadowed
-from api.runtime import AdminRuntime
-from api.schemas.config import (
+from chunkstore.api.backend.base import BackendError
+from chunkstore.api.deps import AdminDep, GlobalReaderDep, RuntimeDep, audit, require_reader
+from chunkstore.api.errors import ERROR_RESPONSES, AdminError, validation_message
+from chunkstore.api.overrides import shadowed
+from chunkstore.api.runtime import AdminRuntime
+from chunkstore.api.schemas.config import (
     AdminSettingsPublic, CacheSettingsPublic, ConfigPatch, ConfigPublic, IdentityPublic, PersistedSettingsPublic,
     StoreSettingsPublic,
 )

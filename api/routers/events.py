@@ -18,12 +18,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.backend.base import BackendError
-from api.deps import GlobalReaderDep, RuntimeDep, require_reader
-from api.errors import ERROR_RESPONSES
-from api.runtime import AdminRuntime
-from api.schemas.jobs import JobPublic
-from api.schemas.stats import StatsPublic
+from chunkstore.api.backend.base import BackendError
+from chunkstore.api.deps import GlobalReaderDep, RuntimeDep, require_reader
+from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.runtime import AdminRuntime
+from chunkstore.api.schemas.jobs import JobPublic
+from chunkstore.api.schemas.stats import StatsPublic
 
 router = APIRouter(tags=["events"], dependencies=[Depends(require_reader)], responses=ERROR_RESPONSES)
 

@@ -15,11 +15,11 @@ from fastapi import APIRouter, Body, Depends, Request
 
 from chunkstore.cache.admin import DescendantsResidentError, KeyNotResidentError, MemorySelection
 
-from api import disk_eviction
-from api.backend.base import AdminBackend, NoDiskTierError
-from api.deps import AdminDep, BackendDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
-from api.errors import ERROR_RESPONSES, AdminError
-from api.schemas.evict import ClearRequest, ClearResult, EvictRequest, EvictResult, FlushRequest, FlushResult
+from chunkstore.api import disk_eviction
+from chunkstore.api.backend.base import AdminBackend, NoDiskTierError
+from chunkstore.api.deps import AdminDep, BackendDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
+from chunkstore.api.errors import ERROR_RESPONSES, AdminError
+from chunkstore.api.schemas.evict import ClearRequest, ClearResult, EvictRequest, EvictResult, FlushRequest, FlushResult
 
 router = APIRouter(tags=["eviction"], dependencies=[Depends(require_reader)], responses=ERROR_RESPONSES)
 

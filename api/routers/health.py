@@ -6,9 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from api.deps import RuntimeDep
-from api.errors import ERROR_RESPONSES
-from api.schemas.health import Health
+from chunkstore.api.deps import RuntimeDep
+from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.schemas.health import Health
 
 router = APIRouter(tags=["health"], responses={k: v for k, v in ERROR_RESPONSES.items() if k in (400, 413)})
 

@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Request
 
-from api.deps import AdminDep, GlobalReaderDep, RuntimeDep, audit, require_reader
-from api.errors import ERROR_RESPONSES, AdminError
-from api.jobs import JobConflictError, JobKind
-from api.runtime import AdminRuntime
-from api.schemas.jobs import GcParams, JobList, JobPublic, RebuildParams, VerifyParams
+from chunkstore.api.deps import AdminDep, GlobalReaderDep, RuntimeDep, audit, require_reader
+from chunkstore.api.errors import ERROR_RESPONSES, AdminError
+from chunkstore.api.jobs import JobConflictError, JobKind
+from chunkstore.api.runtime import AdminRuntime
+from chunkstore.api.schemas.jobs import GcParams, JobList, JobPublic, RebuildParams, VerifyParams
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(require_reader)], responses=ERROR_RESPONSES)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
-from api.deps import GlobalReaderDep, RuntimeDep, require_reader
-from api.errors import ERROR_RESPONSES
-from api.metrics import CONTENT_TYPE
+from chunkstore.api.deps import GlobalReaderDep, RuntimeDep, require_reader
+from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["metrics"], dependencies=[Depends(require_reader)], responses=ERROR_RESPONSES)
 

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, Path, Request
 
 from chunkstore.cache.stats import NamespaceLookups
 
-from api.backend.base import AdminBackend, NoDiskTierError
-from api.deps import AdminDep, BackendDep, ReaderDep, audit, require_reader
-from api.errors import ERROR_RESPONSES
-from api.schemas.common import NAMESPACE_PATTERN
-from api.schemas.namespaces import NamespaceList, NamespacePublic, QuotaUpdate
+from chunkstore.api.backend.base import AdminBackend, NoDiskTierError
+from chunkstore.api.deps import AdminDep, BackendDep, ReaderDep, audit, require_reader
+from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.schemas.common import NAMESPACE_PATTERN
+from chunkstore.api.schemas.namespaces import NamespaceList, NamespacePublic, QuotaUpdate
 
 router = APIRouter(prefix="/namespaces", tags=["namespaces"], dependencies=[Depends(require_reader)],
                    responses=ERROR_RESPONSES)

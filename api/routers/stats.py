@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from api.backend.base import BackendError
-from api.deps import BackendDep, GlobalReaderDep, ReaderDep, RuntimeDep, require_reader
-from api.errors import ERROR_RESPONSES
-from api.schemas.stats import HistorySample, StatsHistory, StatsPublic
+from chunkstore.api.backend.base import BackendError
+from chunkstore.api.deps import BackendDep, GlobalReaderDep, ReaderDep, RuntimeDep, require_reader
+from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.schemas.stats import HistorySample, StatsHistory, StatsPublic
 
 router = APIRouter(prefix="/stats", tags=["stats"], dependencies=[Depends(require_reader)],
                    responses=ERROR_RESPONSES)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from chunkstore.cache.admin import ResidentPage
-from chunkstore.chunkfile import ChunkHeader
-from chunkstore.index import ChunkOrder, ChunkRow
+from chunkstore.disk.chunkfile import ChunkHeader
+from chunkstore.disk.index import ChunkOrder, ChunkRow
 
 
 class ChunkPublic(BaseModel):

@@ -17,9 +17,9 @@ from chunkstore.cache.config import GB, CacheConfig
 from chunkstore.cache.policies import PrefetchPolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.cache.admin import LIVE_SETTINGS
-from chunkstore.identity import ModelIdentity
+from chunkstore.disk.identity import ModelIdentity
 
-from api.schemas.common import BackendName
+from chunkstore.api.schemas.common import BackendName
 
 
 class IdentityPublic(BaseModel):

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from api.schemas.common import BackendName, KeyHex, NamespaceName, RequestBody, TierName
+from chunkstore.api.schemas.common import BackendName, KeyHex, NamespaceName, RequestBody, TierName
 
 
 class EvictRequest(RequestBody):

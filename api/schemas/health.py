@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from api.schemas.common import BackendName
+from chunkstore.api.schemas.common import BackendName
 
 
 class Health(BaseModel):

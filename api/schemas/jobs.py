@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from api.jobs import Job, JobKind, JobState
-from api.schemas.common import RequestBody
+from chunkstore.api.jobs import Job, JobKind, JobState
+from chunkstore.api.schemas.common import RequestBody
 
 
 class VerifyParams(RequestBody):

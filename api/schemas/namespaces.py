@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from api.schemas.common import RequestBody
+from chunkstore.api.schemas.common import RequestBody
 from chunkstore.cache.stats import NamespaceLookups
-from chunkstore.store import NamespaceStats
+from chunkstore.disk.store import NamespaceStats
 
 
 class NamespacePublic(BaseModel):

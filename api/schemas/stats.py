@@ -6,11 +6,11 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from chunkstore.cache.stats import TierUsage
-from chunkstore.store import NamespaceStats, StoreStats
-from chunkstore.write_health import WriteHealth
+from chunkstore.disk.store import NamespaceStats, StoreStats
+from chunkstore.disk.write_health import WriteHealth
 
-from api.backend.base import BackendSnapshot
-from api.schemas.common import BackendName, TierName
+from chunkstore.api.backend.base import BackendSnapshot
+from chunkstore.api.schemas.common import BackendName, TierName
 
 
 class TierPublic(BaseModel):

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from chunkstore.choices import Choice
-from chunkstore.identity import ModelIdentity
-from chunkstore.store import TORCH_DTYPES
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.store import TORCH_DTYPES
 
 
 class KVSource(Choice):

@@ -204,7 +204,7 @@ class Budgets:
 def engine_sender(engine, workload: Workload, *, fresh_namespaces: bool) -> Send:
     """Send as token ids: each question's bytes, then the exact ids of its reply."""
     from chunkstore.engine import Request, SamplingParams
-    from chunkstore.keys import DEFAULT_NAMESPACE
+    from chunkstore.disk.keys import DEFAULT_NAMESPACE
 
     params = SamplingParams(max_tokens=workload.output_length, temperature=0.0, ignore_eos=True, seed=0)
 

@@ -46,12 +46,12 @@ from chunkstore.bench.kvdata import (
     plane_entropies_bits,
 )
 from chunkstore.cache.config import CacheConfig
-from chunkstore.codec import Codec
-from chunkstore.identity import DTYPE_ITEMSIZE, ModelIdentity
-from chunkstore.index import ChunkRow
-from chunkstore.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
+from chunkstore.disk.codec import Codec
+from chunkstore.disk.identity import DTYPE_ITEMSIZE, ModelIdentity
+from chunkstore.disk.index import ChunkRow
+from chunkstore.disk.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
 from chunkstore.output import add_output_arguments, check_output_path, emit_result
-from chunkstore.store import (
+from chunkstore.disk.store import (
     TORCH_DTYPES,
     ChunkStore,
     default_num_workers,

@@ -34,8 +34,8 @@ from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import KVSource, make_pages
 from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.tiered import TieredCache
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import chain_pages
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import chain_pages
 from chunkstore.output import add_output_arguments, check_output_path, emit_result
 
 SERVE_PAGE_SIZE = CacheConfig.model_fields["page_size"].default  # `chunkstore serve`'s page size

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
-from chunkstore.codec import Codec
+from chunkstore.disk.codec import Codec
 from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, positive_gb
 
 if TYPE_CHECKING:

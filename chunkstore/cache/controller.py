@@ -21,7 +21,7 @@ from chunkstore.cache.ops import (
     Ack, BackupOp, LoadBackOp, PersistOp, PrefetchOp, TransferOp, TransferPath,
 )
 from chunkstore.cache.pools import PagePool
-from chunkstore.store import ChunkStore
+from chunkstore.disk.store import ChunkStore
 
 log = logging.getLogger(__name__)
 

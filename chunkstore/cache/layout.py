@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from chunkstore.identity import DTYPE_CODES, DTYPE_ITEMSIZE, ModelIdentity
-from chunkstore.store import TORCH_DTYPES
+from chunkstore.disk.identity import DTYPE_CODES, DTYPE_ITEMSIZE, ModelIdentity
+from chunkstore.disk.store import TORCH_DTYPES
 
 _DIM_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "page_size")
 

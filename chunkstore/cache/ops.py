@@ -17,7 +17,7 @@ import torch
 
 from chunkstore.cache.policies import PolicyEnum
 from chunkstore.cache.radix_types import LockHandle, RadixNode
-from chunkstore.keys import PageRef
+from chunkstore.disk.keys import PageRef
 
 
 class TransferPath(PolicyEnum):

@@ -9,7 +9,7 @@ value, so a mistyped policy can never fall through to a default. No torch, no py
 from __future__ import annotations
 
 from chunkstore.choices import Choice
-from chunkstore.codec import Codec
+from chunkstore.disk.codec import Codec
 
 
 PolicyEnum = Choice  # the policies' base (see chunkstore/choices.py)

@@ -23,8 +23,8 @@ from chunkstore.cache.radix_types import (
     _DEVICE, _HOST, InsertResult, LockHandle, MatchResult, RadixNode, RadixStats, Slots, Tier, TokenIds,
     _as_slots, _as_tokens, _cat,
 )
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import DEFAULT_NAMESPACE, chain_keys, encode_tokens, root_key
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_keys, encode_tokens, root_key
 
 # When the logical clock was read, sampled at most once a second (a day of samples, then the oldest
 # go): enough to tell which nodes were last accessed longer ago than a duration (``clock_before``).

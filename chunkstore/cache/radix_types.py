@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from chunkstore.cache.policies import PolicyEnum
-from chunkstore.keys import PageRef
+from chunkstore.disk.keys import PageRef
 
 TokenIds = Sequence[int] | torch.Tensor
 Slots = torch.Tensor | Sequence[int]

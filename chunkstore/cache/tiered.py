@@ -45,9 +45,9 @@ from chunkstore.cache.radix_types import (
     _as_tokens,
 )
 from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsage
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import DEFAULT_NAMESPACE, chain_pages
-from chunkstore.store import ChunkStore, store_root
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
+from chunkstore.disk.store import ChunkStore, store_root
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from chunkstore.cache.pools import default_device
 from chunkstore.engine.kv_pages import forward, layer_kv, new_kv_cache
 from chunkstore.engine.presets import MODEL_CODE_VERSION, build_preset_model, get_preset, weights_digest
 from chunkstore.engine.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from chunkstore.identity import ModelIdentity
+from chunkstore.disk.identity import ModelIdentity
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}

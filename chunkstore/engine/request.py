@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from chunkstore.engine.sampling import SamplingParams
 from chunkstore.engine.tokenizer import Message
-from chunkstore.keys import DEFAULT_NAMESPACE
+from chunkstore.disk.keys import DEFAULT_NAMESPACE
 
 
 class TextDelta(str):

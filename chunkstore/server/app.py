@@ -73,8 +73,8 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     app.include_router(sglang_api.router)
     # The management API (api/, docs/API.md) under /api/v1, on the same port: the operator's handle
     # on the running cache. Imported here so that the server package stays importable alone.
-    import api
-    from api.webui import add_webui
+    from chunkstore import api
+    from chunkstore.api.webui import add_webui
 
     # Each tenant's API key is also its namespace token there, so tenants read their own chunks.
     admin = api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode,

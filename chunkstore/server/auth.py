@@ -15,7 +15,7 @@ import hmac
 import unicodedata
 from dataclasses import dataclass
 
-from chunkstore.keys import DEFAULT_NAMESPACE
+from chunkstore.disk.keys import DEFAULT_NAMESPACE
 from chunkstore.server.errors import ApiError
 from chunkstore.server.settings import Tenant, key_digest
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import uvicorn
 
-from api import AdminSettings, CacheBackend, StoreBackend, create_app
+from chunkstore.api import AdminSettings, CacheBackend, StoreBackend, create_app
 from chunkstore import ChunkStore, PageRef, chain_pages
 from chunkstore.cache.tiered import TieredCache
 from tests.cache.test_tiered import make_config, serve, settle

@@ -11,8 +11,8 @@ import hashlib
 import httpx
 import pytest
 
-from api import AdminSettings, StoreBackend, create_app
-from api.security import TokenRing
+from chunkstore.api import AdminSettings, StoreBackend, create_app
+from chunkstore.api.security import TokenRing
 from tests.api.conftest import ADMIN, FAST, TENANT, assert_every_route_needs_a_token, client, fill_store, live_server
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from api import CacheBackend, create_app, mount
+from chunkstore.api import CacheBackend, create_app, mount
 from chunkstore.cache.radix_policy import EvictionPolicy
 from tests.api.conftest import client, live_server, settings, warm
 from tests.cache.test_tiered import assert_consistent, keys_of, lookup, settle, toks

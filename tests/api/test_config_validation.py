@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from api import CacheBackend, StoreBackend, create_app
-from api.overrides import FILE_NAME
+from chunkstore.api import CacheBackend, StoreBackend, create_app
+from chunkstore.api.overrides import FILE_NAME
 from chunkstore.cache.tiered import TieredCache
 from tests.api.conftest import client, fill_store, live_server, settings
 from tests.cache.test_tiered import make_config

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api import disk_eviction
-from api.backend.base import BackendError
-from api.disk_eviction import DiskSelection
+from chunkstore.api import disk_eviction
+from chunkstore.api.backend.base import BackendError
+from chunkstore.api.disk_eviction import DiskSelection
 from chunkstore import ChunkStore, chain_pages
 from tests.conftest import TINY, kv_pages
 

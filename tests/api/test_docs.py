@@ -8,9 +8,9 @@ from pathlib import Path
 
 from fastapi.routing import APIRoute
 
-from api.app import API_PREFIX
-from api.routers import ROUTERS
-from api.settings import ENV_PREFIX, AdminSettings
+from chunkstore.api.app import API_PREFIX
+from chunkstore.api.routers import ROUTERS
+from chunkstore.api.settings import ENV_PREFIX, AdminSettings
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "API.md"
 

@@ -56,7 +56,7 @@ def test_memory_tier_listing(cache_server, live_cache):
 
 
 def test_memory_listing_without_a_disk_tier(tmp_path):
-    from api import CacheBackend, create_app
+    from chunkstore.api import CacheBackend, create_app
     from chunkstore.cache.tiered import TieredCache
     from tests.cache.test_tiered import make_config
 

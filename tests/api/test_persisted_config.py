@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import stat
 
-from api import CacheBackend, StoreBackend, create_app
-from api.overrides import FILE_NAME
+from chunkstore.api import CacheBackend, StoreBackend, create_app
+from chunkstore.api.overrides import FILE_NAME
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.cache.tiered import TieredCache
 from tests.api.conftest import client, fill_store, live_server, settings

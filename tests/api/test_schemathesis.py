@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from api import CacheBackend, StoreBackend, create_app
+from chunkstore.api import CacheBackend, StoreBackend, create_app
 from tests.api.conftest import ADMIN, fill_store, live_server, settings, warm
 
 ST = shutil.which("schemathesis") or shutil.which("st")

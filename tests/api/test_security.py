@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from api import AdminSettings, StoreBackend, create_app
-from api.security import TokenRing, allowed_host_names, is_loopback, load_or_create_token
+from chunkstore.api import AdminSettings, StoreBackend, create_app
+from chunkstore.api.security import TokenRing, allowed_host_names, is_loopback, load_or_create_token
 from tests.api.conftest import ADMIN, TENANT, client, fill_store, live_server, settings
 
 WRITES = [  # (method, path, json body)

@@ -88,8 +88,9 @@ def test_history_from_before_migration_0003_reads_as_null(tmp_path):
     from alembic import command
     from sqlalchemy import create_engine, text
 
-    from api.history import HistoryTable
-    from chunkstore import ChunkStore, migrations
+    from chunkstore.api.history import HistoryTable
+    from chunkstore import ChunkStore
+    from chunkstore.disk import migrations
     from tests.conftest import TINY
 
     root = tmp_path / "store"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from api import StoreBackend, create_app
+from chunkstore.api import StoreBackend, create_app
 from chunkstore import ChunkStore
 from tests.api.conftest import live_server, settings, wait_for
 from tests.conftest import TINY

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import json
 
-from api import CacheBackend, create_app
+from chunkstore.api import CacheBackend, create_app
 from tests.api.conftest import client, live_server, settings, warm
 
 

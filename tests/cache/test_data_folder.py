@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from chunkstore.cache.tiered import TieredCache
-from chunkstore.store import MODELS_DIRNAME, read_identity, store_root
+from chunkstore.disk.store import MODELS_DIRNAME, read_identity, store_root
 from tests.cache.test_tiered import P, make_config, serve, settle
 from tests.conftest import TINY
 

@@ -9,8 +9,8 @@ import torch
 
 from chunkstore.cache.radix import RadixNode, RadixTree
 from chunkstore.cache.radix_policy import EvictionPolicy
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import DEFAULT_NAMESPACE, chain_pages, root_key
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages, root_key
 
 IDENT = ModelIdentity("radix-test", "bfloat16", num_layers=2, num_kv_heads=2, head_dim=8, page_size=4)
 P = IDENT.page_size

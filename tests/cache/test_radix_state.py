@@ -21,8 +21,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from chunkstore.cache.radix import LockHandle, RadixNode, RadixTree
 from chunkstore.cache.radix_policy import EvictionPolicy
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import chain_pages
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import chain_pages
 
 IDENT = ModelIdentity("radix-state", "float16", num_layers=1, num_kv_heads=1, head_dim=4, page_size=2)
 P = IDENT.page_size

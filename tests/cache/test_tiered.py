@@ -22,7 +22,7 @@ import torch
 
 from chunkstore.cache import CacheConfig, KVLayout, PoolExhaustedError
 from chunkstore.cache.tiered import PrefixHit, TieredCache
-from chunkstore.keys import DEFAULT_NAMESPACE, chain_pages
+from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
 from tests.conftest import TINY
 
 P = TINY.page_size

@@ -24,7 +24,7 @@ from chunkstore.engine import Engine, load_model
 from chunkstore.server.app import create_app
 from chunkstore.server.lifecycle import bind
 from chunkstore.server.settings import ServerSettings
-from chunkstore.store import ChunkStore, read_identity
+from chunkstore.disk.store import ChunkStore, read_identity
 
 PAGE_SIZE = 16
 REPO = Path(__file__).resolve().parents[2]

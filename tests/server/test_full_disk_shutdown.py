@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from chunkstore.store import ChunkStore, read_identity
+from chunkstore.disk.store import ChunkStore, read_identity
 from tests.fullfs import fill, small_tmpfs
 from tests.server.conftest import STORY, ServeProcess, disk_chunks
 from tests.server.test_process import complete, fed_pages

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from api import AdminSettings, StoreBackend, create_app
+from chunkstore.api import AdminSettings, StoreBackend, create_app
 from chunkstore.engine import Engine
 from chunkstore.server.app import create_app as create_server_app
 from chunkstore.server.lifecycle import bind

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import errno
 
-from api import AdminSettings, CacheBackend, create_app
+from chunkstore.api import AdminSettings, CacheBackend, create_app
 from chunkstore.cache.tiered import TieredCache
 from tests.api.conftest import warm
 from tests.cache.test_tiered import make_config

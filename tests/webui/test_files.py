@@ -8,7 +8,7 @@ import hashlib
 import re
 import tomllib
 
-from api.webui import WEBUI_DIR
+from chunkstore.api.webui import WEBUI_DIR
 from tests.server.conftest import REPO
 
 
@@ -47,7 +47,7 @@ def test_a_missing_dashboard_leaves_the_api_running(tmp_path, monkeypatch, caplo
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    import api.webui as webui
+    import chunkstore.api.webui as webui
 
     monkeypatch.setattr(webui, "WEBUI_DIR", tmp_path / "missing")
     app = FastAPI()

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from api import AdminSettings, StoreBackend, create_app
+from chunkstore.api import AdminSettings, StoreBackend, create_app
 from tests.api.conftest import fill_store
 from tests.server.conftest import LiveServer
 from tests.webui.conftest import SHOTS, TOKEN, Dashboard

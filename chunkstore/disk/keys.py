@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from chunkstore.identity import ModelIdentity
+from chunkstore.disk.identity import ModelIdentity
 
 KEY_SIZE_BYTES = 32
 DEFAULT_NAMESPACE = "default"

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("chunkstore.store")
+log = logging.getLogger("chunkstore.disk.store")
 
 LOG_INTERVAL_S = 60.0  # at most one summary line of failed writes per this many seconds
 

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 if TYPE_CHECKING:
     from alembic.config import Config
 
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parent.parent  # chunkstore/ (the package)
 # alembic logs one INFO line per plugin it sets up on import: noise in a server's log (it is
 # imported lazily, so after the server configured logging).
 logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import torch
 
-from chunkstore.files import Durability
-from chunkstore.identity import ModelIdentity
-from chunkstore.keys import PageRef, chain_pages
+from chunkstore.disk.files import Durability
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.keys import PageRef, chain_pages
 from chunkstore.output import add_json_flag
-from chunkstore.store import ChunkStore, read_identity
+from chunkstore.disk.store import ChunkStore, read_identity
 
 SOAK_IDENTITY = ModelIdentity("soak", "bfloat16", 2, 2, 16, 4)
 NAMESPACES = ("default", "ns1")
@@ -176,7 +176,7 @@ class CrashReport:
 class Spawn(enum.Enum):
     """How writers start. ``fork-server``: one helper process imports torch and the store once and
     forks a writer per cycle (a kill lands in store work, not in the 1-3 s of imports);
-    ``exec``: each writer is a fresh `python -m chunkstore.soak writer`, delays counted from its
+    ``exec``: each writer is a fresh `python -m chunkstore.testing.crash_soak writer`, delays counted from its
     'ready' line."""
 
     FORK_SERVER = "fork-server"
@@ -213,7 +213,7 @@ class _ExecSpawner:
     def kill_after(self, argv: list[str], seed: int, delay_s: float) -> _Kill:
         lines: queue.Queue = queue.Queue()
         with tempfile.TemporaryFile(dir=self.scratch) as err:
-            proc = subprocess.Popen([sys.executable, "-m", "chunkstore.soak", "writer", *argv],
+            proc = subprocess.Popen([sys.executable, "-m", "chunkstore.testing.crash_soak", "writer", *argv],
                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
             pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
             pump.start()
@@ -241,12 +241,12 @@ _NO_REPLY = object()
 
 
 class _ForkServer:
-    """Talks to `python -m chunkstore.soak fork-server` (see serve_forks)."""
+    """Talks to `python -m chunkstore.testing.crash_soak fork-server` (see serve_forks)."""
 
     def __init__(self, scratch: Path):
         self.scratch = scratch
         self._err = open(scratch / "fork-server.err", "w+b")
-        self.proc = subprocess.Popen([sys.executable, "-m", "chunkstore.soak", "fork-server"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "chunkstore.testing.crash_soak", "fork-server"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
         self._replies: queue.Queue = queue.Queue()
         threading.Thread(target=_pump, args=(self.proc.stdout, self._replies), daemon=True).start()
@@ -369,7 +369,7 @@ def check_store(store: ChunkStore, report: CrashReport | None = None,
     missing and quarantines corrupt files, as any reader would); ``must_survive`` pages must load.
     Adds to the counters of ``report`` when given.
     """
-    from chunkstore.maintenance import verify  # maintenance imports the store; keep the cycle one-way
+    from chunkstore.disk.maintenance import verify  # maintenance imports the store; keep the cycle one-way
 
     report = report if report is not None else CrashReport()
     pages, expected = _universe()
@@ -420,7 +420,7 @@ def run_crash_cycles(disk_path: str | os.PathLike, cycles: int, rng_seed: int, p
     writer seed. Stops early if the store can no longer be opened. Raises ModelMismatchError if
     ``disk_path`` holds another model's store; RuntimeError if the fork server dies.
     """
-    from chunkstore.maintenance import verify
+    from chunkstore.disk.maintenance import verify
 
     disk_path = Path(disk_path)
     rng = random.Random(rng_seed)
@@ -524,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chunkstore.soak", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m chunkstore.testing.crash_soak", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("writer", help="the child: write soak steps until killed")
     w.add_argument("--disk-path", required=True)

@@ -23,10 +23,10 @@ from sqlalchemy import and_, bindparam, column, create_engine, event, func, or_,
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
-from chunkstore import migrations
+from chunkstore.disk import migrations
 from chunkstore.choices import Choice
-from chunkstore.files import PRIVATE_FILE_MODE, make_private
-from chunkstore.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
+from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
+from chunkstore.disk.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
 
 DB_FILENAME = "index.db"
 _IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from chunkstore.codec import Codec, CorruptChunkError, EncodedPayload, Plane, PlaneCodec, check_planes, decode_into
-from chunkstore.identity import DTYPE_CODES, DTYPE_ITEMSIZE, DTYPE_NAMES
-from chunkstore.keys import KEY_SIZE_BYTES, decode_tokens, encode_tokens, page_key
+from chunkstore.disk.codec import Codec, CorruptChunkError, EncodedPayload, Plane, PlaneCodec, check_planes, decode_into
+from chunkstore.disk.identity import DTYPE_CODES, DTYPE_ITEMSIZE, DTYPE_NAMES
+from chunkstore.disk.keys import KEY_SIZE_BYTES, decode_tokens, encode_tokens, page_key
 
 MAGIC = b"CSKVCHNK"
 FORMAT_VERSION = 1

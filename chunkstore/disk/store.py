@@ -36,14 +36,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from sqlalchemy.exc import DBAPIError
 
-from chunkstore.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
-from chunkstore.codec import Codec, CorruptChunkError, encode
-from chunkstore.files import (PRIVATE_FILE_MODE, ChunkFiles, Durability, ReadBuffers, make_private,
+from chunkstore.disk.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
+from chunkstore.disk.codec import Codec, CorruptChunkError, encode
+from chunkstore.disk.files import (PRIVATE_FILE_MODE, ChunkFiles, Durability, ReadBuffers, make_private,
                               make_private_dir, write_private_file)
-from chunkstore.identity import ModelIdentity, ModelMismatchError
-from chunkstore.index import ChunkIndex, ChunkRow, Victim, db_files
-from chunkstore.keys import PageRef, encode_tokens, page_key
-from chunkstore.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
+from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
+from chunkstore.disk.index import ChunkIndex, ChunkRow, Victim, db_files
+from chunkstore.disk.keys import PageRef, encode_tokens, page_key
+from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
 
 if TYPE_CHECKING:
     import torch
@@ -336,7 +336,7 @@ class ChunkStore:
         elif stored != self.identity and not allow_other_models:
             raise ModelMismatchError(
                 f"the store at {self.root} holds KV of {stored}, not {self.identity}; "
-                "open ChunkStore(store_root(DIR, identity), ...) (chunkstore.store.store_root: the "
+                "open ChunkStore(store_root(DIR, identity), ...) (chunkstore.disk.store.store_root: the "
                 "folder of this model's own store in the data folder DIR, as `chunkstore serve` does), "
                 "or pass another folder; allow_other_models=True shares this store (keys keep the "
                 "models apart)"

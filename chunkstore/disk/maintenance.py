@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 
-from chunkstore.chunkfile import ChunkHeader
-from chunkstore.index import ChunkRow
-from chunkstore.store import STORE_WIDE, ChunkStore
+from chunkstore.disk.chunkfile import ChunkHeader
+from chunkstore.disk.index import ChunkRow
+from chunkstore.disk.store import STORE_WIDE, ChunkStore
 
 Progress = Callable[[int], None]  # called with the number of items just done
 _BATCH = 64
