@@ -1,16 +1,19 @@
 """Alembic environment for the chunk index. chunkstore passes an open connection in
-``config.attributes["connection"]``; the alembic CLI uses ``sqlalchemy.url`` from alembic.ini."""
+``config.attributes["connection"]``; the alembic CLI uses ``sqlalchemy.url`` from alembic.ini.
+The index file holds the disk tier's tables and the management API's own (its stats history):
+one linear history, each part's tables in its own migrations."""
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from chunkstore.disk.schema import metadata
+from chunkstore.api.history_schema import metadata as api_metadata
+from chunkstore.disk.schema import metadata as disk_metadata
 
 config = context.config
 
 
 def _run(connection) -> None:
-    context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
+    context.configure(connection=connection, target_metadata=[disk_metadata, api_metadata], render_as_batch=True)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -1,9 +1,11 @@
-"""The stats history: samples of the cache's figures, kept in the store's index so they survive restarts.
+"""The stats history: samples of the cache's figures, in the API's own table of the store's index
+file (api/history_schema.py), so they survive restarts.
 
-Invariants: rows are written only under the index's writer lock (one writer, as every index
-write), each append also deletes the rows beyond the newest ``max_rows``, so the table stays
-bounded; one sampler thread per app writes, every ``interval_s``; a sample that cannot be taken or
-written (no disk tier, read-only store, a rebuild in progress) is skipped, never retried late.
+Invariants: rows are written only through the store's side-table transaction, under its writer
+lock (one writer, as every index write); each append also deletes the rows beyond the newest
+``max_rows``, so the table stays bounded; one sampler thread per app writes, every ``interval_s``;
+a sample that cannot be taken or written (no disk tier, read-only store, a rebuild in progress) is
+skipped, never retried late.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import threading
 
 from sqlalchemy import delete, func, insert, select
 
-from chunkstore.disk.schema import STATS_HISTORY_FIGURES, STATS_HISTORY_SERVING, stats_history
 from chunkstore.disk.store import ChunkStore
 
 from chunkstore.api.backend.base import AdminBackend, BackendError, BackendSnapshot
+from chunkstore.api.history_schema import STATS_HISTORY_FIGURES, STATS_HISTORY_SERVING, stats_history
 
 log = logging.getLogger(__name__)
 
@@ -48,20 +50,17 @@ def sample_of(snap: BackendSnapshot) -> dict[str, float | int | None]:
 
 
 class HistoryTable:
-    """Reads and bounded appends of ``stats_history`` in a store's index."""
+    """Reads and bounded appends of ``stats_history`` in a store's index file."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
 
     def append(self, store: ChunkStore, rows: list[dict]) -> None:
-        """Insert ``rows`` and drop all but the newest ``max_rows``. Takes the index's writer lock.
-        Raises PermissionError for a read-only store."""
-        if store.read_only:
-            raise PermissionError("store opened read-only")
-        if not rows:
-            return
-        index = store.index
-        with index.write_lock, index.engine.begin() as conn:
+        """Insert ``rows`` and drop all but the newest ``max_rows``. Takes the store's writer lock.
+        Raises ReadOnlyStoreError (a PermissionError) for a read-only store."""
+        with store.write_side_tables() as conn:
+            if not rows:
+                return
             conn.execute(insert(stats_history), rows)
             newest = conn.execute(select(func.max(stats_history.c.id))).scalar() or 0
             conn.execute(delete(stats_history).where(stats_history.c.id <= newest - self.max_rows))
@@ -77,7 +76,7 @@ class HistoryTable:
         stmt = stmt.order_by(stats_history.c.id.desc())
         if limit is not None:
             stmt = stmt.limit(limit)
-        with store.index.engine.connect() as conn:
+        with store.read_side_tables() as conn:
             rows = [dict(r) for r in conn.execute(stmt).mappings()]
         rows.reverse()
         return rows

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.choices import Choice
-from chunkstore.disk.maintenance import gc, verify
+from chunkstore.disk.maintenance import evict_down_to, gc, verify
 
 from chunkstore.api.backend.base import AdminBackend
 from chunkstore.api.history import HistoryTable
@@ -151,7 +151,7 @@ class JobRunner:
     def _run_verify(self, job: Job):
         repair = bool(job.params.get("repair"))
         with self.backend.using_store(write=repair) as store:
-            self._update(job, total=store.index.count())
+            self._update(job, total=store.num_chunks())
             return verify(store, repair=repair, progress=self._progress(job))
 
     def _run_gc(self, job: Job):
@@ -160,10 +160,8 @@ class JobRunner:
             self._update(job, total=1)
             evicted_chunks = evicted_bytes = 0
             if size is not None:
-                excess = store.index.stored_bytes() - size
-                if excess > 0:
-                    done = store.evict(excess)
-                    evicted_chunks, evicted_bytes = done.num_chunks, done.stored_bytes
+                done = evict_down_to(store, size)
+                evicted_chunks, evicted_bytes = done.num_chunks, done.stored_bytes
             report = gc(store, purge_quarantine=bool(job.params.get("purge_quarantine")))
             report.evicted_chunks += evicted_chunks
             report.evicted_bytes += evicted_bytes

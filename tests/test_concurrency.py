@@ -15,7 +15,7 @@ import pytest
 from chunkstore.testing import crash_soak as soak
 from chunkstore.cli import main
 from chunkstore.disk.files import Durability
-from chunkstore.disk.maintenance import check_file, verify
+from chunkstore.disk.maintenance import check_file, evict_bytes, verify
 from chunkstore.disk.store import ChunkStore, StoreBusyError
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -63,7 +63,7 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
             if r < 0.03:
                 store.delete_namespace(soak.NAMESPACES[1])
             elif r < 0.08:
-                n = store.evict(rng.randint(1, 4096)).num_chunks
+                n = evict_bytes(store, rng.randint(1, 4096)).num_chunks
                 with lock:
                     counts["evictions"] += n
             else:
@@ -125,7 +125,7 @@ def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
             raced.append(key)
             # Between this reader's index lookup and its open(): a writer evicts the chunk and
             # stores it again. The open() failed in the gap, so the reader saw no file.
-            assert store.evict(1).keys == (page.key,)
+            assert evict_bytes(store, 1).keys == (page.key,)
             assert store.put([page], [want]).stored == [page.key]
             raise FileNotFoundError(key.hex())
         return real_read(key, max_size_bytes, **kw)
@@ -154,7 +154,7 @@ def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_pa
         data = bytes(real_read(key, max_size_bytes, **kw))  # the corrupt file
         if key == page.key and not raced:
             raced.append(key)
-            assert store.evict(1).keys == (page.key,)  # a writer replaces it meanwhile
+            assert evict_bytes(store, 1).keys == (page.key,)  # a writer replaces it meanwhile
             assert store.put([page], [want]).stored == [page.key]
         return memoryview(data)
 
@@ -195,7 +195,7 @@ def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
     a = threading.Thread(target=lambda: results.setdefault("a", store.put([page], [want])))
     b = threading.Thread(target=lambda: results.setdefault("b", store.put([page], [want])))
     try:
-        with store.index.write_lock:  # both puts write their temp file before either publishes
+        with store.exclusive():  # both puts write their temp file before either publishes
             a.start()
             assert a_written.wait(20)
             b.start()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,9 @@ import sqlalchemy.exc
 
 import chunkstore.disk.files as files_mod
 from chunkstore import ChunkStore, chain_pages
+from chunkstore.disk.maintenance import evict_bytes
 from tests.conftest import kv_pages, same_bytes
+from tests.index_faults import IndexFaults, faulty_index
 from tests.fullfs import fill, small_tmpfs
 
 
@@ -31,6 +32,19 @@ def _enospc(what: str = "simulated") -> OSError:
 
 
 @pytest.fixture
+def index_faults() -> IndexFaults:
+    return IndexFaults()
+
+
+@pytest.fixture
+def store(tmp_path, identity, index_faults):
+    """A store whose index fails its writes while ``index_faults`` say so."""
+    s = ChunkStore(tmp_path / "store", identity, index_factory=faulty_index(index_faults))
+    yield s
+    s.close()
+
+
+@pytest.fixture
 def full(store, identity):
     """A store holding one chain, and a second chain to write while the disk is full."""
     old = chain_pages(identity, list(range(identity.page_size * 4)))
@@ -39,11 +53,6 @@ def full(store, identity):
     new = chain_pages(identity, list(range(500, 500 + identity.page_size * 4)))
     new_t = kv_pages(identity, 4, seed=2)
     return store, old, old_t, new, new_t
-
-
-def _disk_full_insert(rows):
-    """An index insert as SQLite fails it on a full disk."""
-    raise sqlalchemy.exc.OperationalError("INSERT INTO chunks", {}, sqlite3.OperationalError("database or disk is full"))
 
 
 def _assert_invisible(store: ChunkStore, pages) -> None:
@@ -74,7 +83,7 @@ def test_enospc_on_every_write_then_recovery(full):
     assert store.stats().write_errors == 4
     # space comes back (here: the fault clears and some chunks are evicted): writes resume
     store.files.os_write = real
-    assert store.evict(1).num_chunks == 1
+    assert evict_bytes(store, 1).num_chunks == 1
     result = store.put(new, new_t)
     assert result.ok and result.stored == [p.key for p in new]
     _assert_loads(store, new, new_t)
@@ -207,14 +216,12 @@ def test_failed_publish_counts_write_errors(full, monkeypatch):
     assert store.stats().write_errors == 4
 
 
-def test_index_full_on_insert(full):
+def test_index_full_on_insert(full, index_faults):
     store, old, old_t, new, new_t = full
 
-    store.index.insert = _disk_full_insert
-    try:
-        result = store.put(new, new_t)
-    finally:
-        del store.index.insert
+    index_faults.insert = True
+    result = store.put(new, new_t)
+    index_faults.insert = False
     assert set(result.failed) == {p.key for p in new}
     _assert_invisible(store, new)
 
@@ -276,15 +283,13 @@ def test_failures_are_logged_rate_limited_with_the_reason_and_the_folder(tmp_pat
     assert len(lines) == 5 and "1 more write(s)" in lines[4] and "the last: chunk file: [ENOSPC]" in lines[4]
 
 
-def test_failed_index_commits_are_each_counted(full):
+def test_failed_index_commits_are_each_counted(full, index_faults):
     store, old, old_t, new, new_t = full
 
-    store.index.insert = _disk_full_insert
-    try:
-        for _ in range(2):
-            assert len(store.put(new, new_t).failed) == 4
-    finally:
-        del store.index.insert
+    index_faults.insert = True
+    for _ in range(2):
+        assert len(store.put(new, new_t).failed) == 4
+    index_faults.insert = False
     h = store.stats().write_health
     assert (h.failures, h.failed_pages, h.degraded) == (2, 8, True)
     assert h.last_error == "index commit: database or disk is full"
@@ -335,18 +340,12 @@ def test_a_failed_eviction_to_make_room_fails_the_put_and_leaves_nothing(tmp_pat
     with ChunkStore(root, identity) as s:
         assert s.put(chain_pages(identity, list(range(identity.page_size))), kv_pages(identity, 1)).ok
         one_chunk = s.stats().stored_bytes
-    with ChunkStore(root, identity, capacity_bytes=int(one_chunk * 1.5)) as s:
+    faults = IndexFaults()
+    with ChunkStore(root, identity, capacity_bytes=int(one_chunk * 1.5), index_factory=faulty_index(faults)) as s:
         new = chain_pages(identity, list(range(100, 100 + identity.page_size)))
-
-        def disk_full_delete(keys):
-            raise sqlalchemy.exc.OperationalError("DELETE FROM chunks", {}, sqlite3.OperationalError(
-                "database or disk is full"))
-
-        s.index.delete = disk_full_delete
-        try:
-            result = s.put(new, kv_pages(identity, 1, seed=2))
-        finally:
-            del s.index.delete
+        faults.delete = True
+        result = s.put(new, kv_pages(identity, 1, seed=2))
+        faults.delete = False
         assert set(result.failed) == {new[0].key}
         _assert_invisible(s, new)
         h = s.stats().write_health

@@ -1,4 +1,4 @@
-"""The index's read-only browsing helpers (list_chunks, count_chunks, child_keys, subtree, leaves)
+"""The index's read-only browsing helpers (list_chunks, count_chunks, child_keys, subtree, leaves, leaf)
 against a plain Python model of the same rows, on real SQLite files in tmp_path."""
 
 from __future__ import annotations
@@ -118,8 +118,13 @@ def test_children_subtree_and_leaves(indexed):
         got, after = [], None
         while page := index.leaves(ns, after, 7):
             got += page
-            after = (page[-1].last_access_at, page[-1].key)
-        assert [r.key for r in got] == [r.key for r in want]
+            after = (page[-1].row.last_access_at, page[-1].row.key)
+        assert [leaf.row.key for leaf in got] == [r.key for r in want]
+        assert all(leaf.parent_num_children == len(children[leaf.row.parent_key]) for leaf in got)
+    for r in rows[:20]:
+        leaf = index.leaf(r.key)
+        assert leaf.row == r and leaf.parent_num_children == len(children[r.parent_key])
+    assert index.leaf(b"\7" * 32) is None
 
 
 def test_listing_reads_a_read_only_index(tmp_path):

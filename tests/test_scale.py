@@ -23,9 +23,10 @@ NUM_ROWS = 1_000_000
 def fill_index(store: ChunkStore, num_rows: int, batch: int = 100_000) -> None:
     """Bulk-insert synthetic rows through the raw DB-API connection (the SQL the index uses)."""
     import hashlib
+    import sqlite3
 
     now = 1.7e9
-    conn = store.index.engine.raw_connection()
+    conn = sqlite3.connect(store.root / "index.db")  # beside the store's own connections (WAL)
     try:
         for start in range(0, num_rows, batch):
             rows = []
@@ -46,7 +47,7 @@ def test_million_chunk_store_opens_lazily_within_memory(tmp_path):
     with ChunkStore(root, TINY) as store:
         fill_index(store, NUM_ROWS)
         chain = chain_pages(TINY, list(range(4 * 128)))
-        store.index.insert([ChunkRow(key=p.key, parent_key=p.parent_key, namespace="default", num_tokens=4,
+        store.adopt([ChunkRow(key=p.key, parent_key=p.parent_key, namespace="default", num_tokens=4,
                                      raw_bytes=1024, stored_bytes=900, created_at=0.0, last_access_at=0.0)
                             for p in chain[:100]])
     script = textwrap.dedent(f"""

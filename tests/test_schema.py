@@ -1,5 +1,6 @@
-"""The alembic migrations and chunkstore/disk/schema.py describe the same database, and the usage
-triggers keep per-namespace totals equal to the rows."""
+"""The alembic migrations describe the same database as chunkstore/disk/schema.py (the disk tier's
+tables) and api/history_schema.py (the management API's own table) together, the disk tier's schema
+holds none of the API's tables, and the usage triggers keep per-namespace totals equal to the rows."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ from sqlalchemy import create_engine, text
 
 from chunkstore.disk import migrations
 from chunkstore.disk.index import ChunkIndex, ChunkRow
-from chunkstore.disk.schema import metadata
+from chunkstore.api.history_schema import metadata as api_metadata
+from chunkstore.disk.schema import metadata as disk_metadata
 
 
 def test_migrations_match_the_schema_module(tmp_path):
     ChunkIndex(tmp_path).close()
     engine = create_engine(f"sqlite:///{tmp_path / 'index.db'}")
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+        diff = compare_metadata(MigrationContext.configure(conn), [disk_metadata, api_metadata])
         assert migrations.current_revision(conn) == migrations.head_revision()
     engine.dispose()
     assert diff == [], diff
+
+
+def test_the_disk_schema_holds_only_the_disk_tiers_tables():
+    assert set(disk_metadata.tables) == {"store_meta", "chunks", "namespace_usage", "namespace_quotas", "counters"}
+    assert set(api_metadata.tables) == {"stats_history"}
 
 
 def test_upgrade_is_idempotent_and_reports_revisions(tmp_path):

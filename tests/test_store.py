@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, chain_pages
+from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.disk.store import TORCH_DTYPES
 from tests.conftest import kv_pages, same_bytes
 
@@ -121,7 +122,7 @@ def test_capacity_evicts_lru_leaf_first(tmp_path, identity):
     tc = kv_pages(identity, 2, 3)
     with ChunkStore(tmp_path, identity) as probe:  # learn each page's stored size
         probe.put(a + b + c, ta + tb + tc)
-        size = {k: r.stored_bytes for k, r in probe.index.rows([p.key for p in a + b + c]).items()}
+        size = {k: r.stored_bytes for k, r in probe.chunk_rows([p.key for p in a + b + c]).items()}
     # a and b fit; c fits only after b's leaf and one byte more are gone: two pages must go
     capacity = sum(size.values()) - size[b[3].key] - 1
     with ChunkStore(tmp_path / "cap", identity, capacity_bytes=capacity) as s:
@@ -142,7 +143,7 @@ def test_eviction_never_takes_an_ancestor_before_its_descendants(store, identity
     store.put(pages, kv_pages(identity, 6))
     store.get(pages[-1:])  # the leaf is the most recently used, ancestors older
     for n in range(6, 0, -1):
-        store.evict(1)
+        evict_bytes(store, 1)
         present = store.exists([p.key for p in pages])
         assert present == [True] * (n - 1) + [False] * (6 - n + 1)
 
@@ -151,10 +152,10 @@ def test_pinned_chunks_are_never_evicted(store, chain):
     pages, tensors = chain
     store.put(pages, tensors)
     assert store.pin([pages[-1].key]) == 1
-    result = store.evict(10**12)
+    result = evict_bytes(store, 10**12)
     assert result.num_chunks == 0  # the pinned leaf keeps its whole prefix
     store.unpin([pages[-1].key])
-    assert store.evict(10**12).num_chunks == 10
+    assert evict_bytes(store, 10**12).num_chunks == 10
 
 
 def test_capacity_too_small_fails_cleanly(tmp_path, identity, chain):
@@ -212,7 +213,7 @@ def test_a_quota_set_after_puts_binds_the_next_put(store, identity):
     reader = ChunkStore(store.root, identity, read_only=True)
     try:
         assert {n.namespace: n.quota_bytes for n in reader.stats().namespaces}["b"] == per_page * 3
-        assert reader.index.quota("b") == per_page * 3
+        assert reader.quota("b") == per_page * 3
     finally:
         reader.close()
 
@@ -278,7 +279,7 @@ def test_stats_survive_reopen(tmp_path, identity, chain):
         assert (st.num_chunks, st.hits, st.misses) == (10, 3, 1)
         assert st.raw_bytes == 10 * identity.page_size_bytes
         assert st.compression_ratio == pytest.approx(st.raw_bytes / st.stored_bytes)
-        rows = s.index.rows([pages[0].key])
+        rows = s.chunk_rows([pages[0].key])
         assert rows[pages[0].key].hit_count == 1
 
 

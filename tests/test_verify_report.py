@@ -21,6 +21,7 @@ import pytest
 
 from chunkstore.testing import crash_soak as soak
 from chunkstore.disk.files import Durability
+from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.maintenance import verify
 from chunkstore.disk.store import ChunkStore
 
@@ -35,12 +36,16 @@ _WRITER = """
     from chunkstore.testing import crash_soak as soak
     from chunkstore.disk.files import Durability
     from chunkstore.disk.store import ChunkStore
-    store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2)
+    from chunkstore.disk.index import ChunkIndex
     def hang(*args, **kwargs):
         print("hung", flush=True)
         time.sleep(600)
+    class HangingIndex(ChunkIndex):  # the files are published; their rows never commit
+        insert = hang
+    index = HangingIndex if sys.argv[2] == "before-row" else ChunkIndex
+    store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2,
+                       index_factory=index)
     if sys.argv[2] == "before-row":
-        store.index.insert = hang  # the files are published; their rows never commit
         pages = soak.chain_for("default", (0, 1, 2))
     else:
         store.files.publish = hang  # every temp file is complete; none is published
@@ -119,7 +124,7 @@ def test_a_put_in_flight_is_not_damage(tmp_path):
     while verify looks, are not reported."""
     with _open(tmp_path / "s") as store:
         assert store.put(KEPT, [soak.expected_page(p.key) for p in KEPT]).ok
-        row = store.index.rows([KEPT[0].key])[KEPT[0].key]
+        row = store.chunk_rows([KEPT[0].key])[KEPT[0].key]
         writing, committing, verified = threading.Event(), threading.Event(), threading.Event()
 
         def segments():  # this process's temp file, half written until verify is done
@@ -128,11 +133,13 @@ def test_a_put_in_flight_is_not_damage(tmp_path):
             verified.wait(30)
 
         def publish_in_flight():  # the row goes away and comes back under the writer lock, as a
-            with store.index.write_lock:  # put's publish and row commit do
-                store.index.delete([row.key])
+            index = ChunkIndex(store.root)  # the test's own, on the store's file
+            with store.exclusive():  # put's publish and row commit hold the writer lock
+                index.delete([row.key])
                 committing.set()
                 verified.wait(2.0)  # verify blocks on this lock to look again: let it wait
-                store.index.insert([row])
+                index.insert([row])
+            index.close()
 
         threads = [threading.Thread(target=store.files.write_temp, args=(b"\2" * 32, segments())),
                    threading.Thread(target=publish_in_flight)]

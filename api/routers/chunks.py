@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow
+from chunkstore.disk import ChunkOrder, ChunkQuery, ChunkRow
 
 from chunkstore.api.backend.base import AdminBackend, NoDiskTierError
 from chunkstore.api.deps import BackendDep, ReaderDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
@@ -93,9 +93,8 @@ def list_chunks(f: Annotated[ChunkFilter, Query()], caller: ReaderDep, backend: 
                        max_stored_bytes=f.max_size, accessed_before=f.accessed_before,
                        accessed_after=f.accessed_after)
     with backend.using_store() as store:
-        rows = store.index.list_chunks(query, order=f.sort, descending=f.order == "desc", limit=f.limit + 1,
-                                       after=after)
-        total = store.index.count_chunks(query)
+        rows = store.list_chunks(query, order=f.sort, descending=f.order == "desc", limit=f.limit + 1, after=after)
+        total = store.count_chunks(query)
     more = len(rows) > f.limit
     rows = rows[:f.limit]
     return ChunksPage(items=[ChunkPublic.of(r, memory) for r in rows], total=total, sort=f.sort, order=f.order,
@@ -117,7 +116,7 @@ def _list_memory(f: ChunkFilter, namespace: str | None, after: tuple[float, byte
     pages = backend.resident_pages(f.tier, namespace)
     try:
         with backend.using_store() as store:
-            rows = store.index.rows([p.key for p in pages])
+            rows = store.chunk_rows([p.key for p in pages])
     except NoDiskTierError:
         rows = {}
     needs_row = f.pinned or any(v is not None for v in (f.min_size, f.max_size, f.accessed_before, f.accessed_after))
@@ -141,7 +140,7 @@ def _list_memory(f: ChunkFilter, namespace: str | None, after: tuple[float, byte
 
 
 def _row(store, key: bytes) -> ChunkRow:
-    row = store.index.rows([key]).get(key)
+    row = store.chunk_rows([key]).get(key)
     if row is None:
         raise AdminError.not_found(f"no chunk {key.hex()} on disk", "key")
     return row
@@ -157,8 +156,8 @@ def get_chunk(key: KeyPath, caller: ReaderDep, backend: BackendDep) -> ChunkDeta
         row = _row(store, k)
         check_namespace(caller, row.namespace)
         check = store.verify_file(k)
-        num_children = len(store.index.child_keys(k))
-        is_parent_stored = bool(store.index.present([row.parent_key]))
+        num_children = len(store.child_keys(k))
+        is_parent_stored = store.exists([row.parent_key])[0]
     # A chunk's tokens are its tenant's prompt: only the admin token or the namespace's own shows them.
     is_content_hidden = caller.role is Role.ANONYMOUS
     token_ids = list(check.header.token_ids) if check.header is not None and not is_content_hidden else None

@@ -14,8 +14,8 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Request
 
 from chunkstore.cache.admin import DescendantsResidentError, KeyNotResidentError, MemorySelection
+from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, StrandedDescendantsError
 
-from chunkstore.api import disk_eviction
 from chunkstore.api.backend.base import AdminBackend, NoDiskTierError
 from chunkstore.api.deps import AdminDep, BackendDep, WriterDep, audit, check_namespace, require_reader, scoped_namespace
 from chunkstore.api.errors import ERROR_RESPONSES, AdminError
@@ -75,10 +75,12 @@ def _evict_memory_selected(body: EvictRequest, backend: AdminBackend) -> EvictRe
 
 
 def _evict_disk(body: EvictRequest, namespace: str | None, caller, backend: AdminBackend) -> EvictResult:
+    """The store's own planner: a dry run answers its plan, an eviction carries the plan out
+    (``ChunkStore.evict``: made again under the writer lock if the store changed meanwhile)."""
     key = bytes.fromhex(body.key) if body.key is not None else None
     with backend.using_store(write=not body.dry_run) as store:
         if key is not None:
-            row = store.index.rows([key]).get(key)
+            row = store.chunk_rows([key]).get(key)
             if row is None:
                 raise AdminError.not_found(f"no chunk {body.key} on disk", "key")
             check_namespace(caller, row.namespace)
@@ -86,12 +88,18 @@ def _evict_disk(body: EvictRequest, namespace: str | None, caller, backend: Admi
                 raise AdminError.not_found(f"no chunk {body.key} in namespace {namespace!r}", "key")
         bytes_to_free = body.bytes_to_free
         if body.fraction is not None:
-            bytes_to_free = max(1, math.ceil(body.fraction * store.index.stored_bytes(namespace)))
+            bytes_to_free = max(1, math.ceil(body.fraction * store.stored_bytes(namespace)))
         accessed_before = time.time() - body.older_than_s if body.older_than_s is not None else None
-        selection = disk_eviction.DiskSelection(namespace=namespace, bytes_to_free=bytes_to_free,
-                                                accessed_before=accessed_before, key=key,
-                                                descendants=body.descendants)
-        plan = disk_eviction.evict(store, selection, max_chunks=body.max_chunks, dry_run=body.dry_run)
+        selection = EvictionSelection(namespace=namespace, bytes_to_free=bytes_to_free, accessed_before=accessed_before,
+                                      key=key, descendants=body.descendants, max_chunks=body.max_chunks)
+        try:
+            plan = store.plan_eviction(selection)
+            if not body.dry_run:
+                plan = store.evict(plan)
+        except ChunkNotStoredError as exc:  # evicted since the row was read
+            raise AdminError.not_found(str(exc), "key") from None
+        except StrandedDescendantsError as exc:
+            raise AdminError.conflict(str(exc)) from None
     keys = [v.key.hex() for v in plan.victims[:_MAX_KEYS_LISTED]]
     return EvictResult(tier="disk", dry_run=body.dry_run, num_chunks=len(plan.victims), num_pages=None,
                        num_bytes=plan.stored_bytes, keys=keys, is_keys_truncated=len(plan.victims) > len(keys),
@@ -132,12 +140,12 @@ def _clear_disk(backend: AdminBackend) -> tuple[int, int]:
     removed = 0
     with backend.using_store(write=True) as store:
         for _ in range(_CLEAR_PASSES):
-            names = [u.namespace for u in store.index.usage() if u.num_chunks > 0]
+            names = [u.namespace for u in store.namespace_usage() if u.num_chunks > 0]
             if not names:
                 break
             for ns in names:
                 removed += store.delete_namespace(ns).num_chunks
-        return removed, store.index.count()
+        return removed, store.num_chunks()
 
 
 @router.post("/clear", response_model=ClearResult)

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from chunkstore.cache.admin import ResidentPage
-from chunkstore.disk.chunkfile import ChunkHeader
-from chunkstore.disk.index import ChunkOrder, ChunkRow
+from chunkstore.disk import ChunkHeader, ChunkOrder, ChunkRow
 
 
 class ChunkPublic(BaseModel):

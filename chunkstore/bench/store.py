@@ -359,9 +359,9 @@ def _fill_index(cfg: StoreBenchConfig, store: ChunkStore, chain: list[PageRef]) 
                                      num_tokens=identity.page_size, raw_bytes=raw, stored_bytes=stored,
                                      created_at=now, last_access_at=now))
                 parent = key
-            store.index.insert(rows)
+            store.adopt(rows)
             bar.update(len(rows))
-        store.index.insert([ChunkRow(key=p.key, parent_key=p.parent_key, namespace=p.namespace,
+        store.adopt([ChunkRow(key=p.key, parent_key=p.parent_key, namespace=p.namespace,
                                      num_tokens=p.num_tokens, raw_bytes=raw, stored_bytes=stored,
                                      created_at=now, last_access_at=now) for p in chain])
         bar.update(len(chain))
@@ -407,7 +407,7 @@ def _measure_exists(cfg: StoreBenchConfig, work: Path) -> dict:
     t0 = time.perf_counter()
     with ChunkStore(index_dir, identity, num_workers=1) as store:
         _fill_index(cfg, store, chain)
-        num_rows = store.index.count()
+        num_rows = store.num_chunks()
     fill_s = time.perf_counter() - t0
 
     spawn = multiprocessing.get_context("spawn")  # fork would inherit this process's heap and imports

@@ -3,7 +3,9 @@
 Invariants: a row exists only for a chunk whose file was published first (the store writes the
 file, then the row; deletes the row, then the file); all writes go through one connection under
 one lock (one writer at a time) in batched transactions; reads use pooled connections and never
-block on the writer (WAL). Nothing per chunk is kept in Python memory. The database file is
+block on the writer (WAL); ``generation`` grows with every committed change to the rows, so an
+eviction plan knows whether it is still exact. Nothing per chunk is kept in Python memory. The
+index is the store's own (ChunkStore._index): other parts call the store's methods. The database file is
 created 0600 before SQLite opens it (SQLite gives the -wal and -shm files the main file's mode),
 and a writer makes existing index files 0600.
 """
@@ -48,12 +50,22 @@ class ChunkRow:
 
 @dataclass(frozen=True, slots=True)
 class Victim:
+    """A chunk to drop: what deleting it needs (its row goes first, then its file)."""
+
     key: bytes
     namespace: str
     stored_bytes: int
     raw_bytes: int
-    last_access_at: float = 0.0
-    parent_last_access_at: float | None = None  # None: the parent is not stored
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """An eviction candidate: an unpinned row that no stored chunk extends, with the number of
+    stored chunks that extend its parent (its siblings and itself), so that a planner knows when
+    the parent becomes a leaf without asking again."""
+
+    row: ChunkRow
+    parent_num_children: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +170,9 @@ class ChunkIndex:
         # The writer's quotas, read once per namespace: only set_quota changes them while this
         # process holds the store's writer lock (every put asks, per namespace).
         self._quotas: dict[str, int | None] = {}
+        # Grows with every committed change to the rows (inserts, deletes, pins, access times): an
+        # eviction plan made at one generation is still exact at the same generation.
+        self.generation = 0
         with self.engine.begin() as conn:
             if read_only:
                 if migrations.current_revision(conn) != migrations.head_revision():
@@ -266,32 +281,6 @@ class ChunkIndex:
                 values[k] = values.get(k, 0) + v
         return values
 
-    def victims(self, limit: int, namespace: str | None = None,
-                exclude: Iterable[bytes] = ()) -> list[Victim]:
-        """Least recently used unpinned leaves (no stored chunk extends them), oldest first,
-        leaving out the keys in ``exclude``."""
-        self.flush()
-        ns_clause = "AND c.namespace = :ns" if namespace is not None else ""
-        exclude = list(exclude)
-        if exclude:
-            ns_clause += " AND c.key NOT IN :exclude"
-        sql = text(
-            f"""SELECT c.key, c.namespace, c.stored_bytes, c.raw_bytes, c.last_access_at,
-                       p.last_access_at
-                FROM chunks c LEFT JOIN chunks p ON p.key = c.parent_key
-                WHERE c.pinned = 0 {ns_clause}
-                  AND NOT EXISTS (SELECT 1 FROM chunks ch WHERE ch.parent_key = c.key)
-                ORDER BY c.last_access_at LIMIT :limit"""
-        )
-        params: dict = {"limit": limit}
-        if namespace is not None:
-            params["ns"] = namespace
-        if exclude:
-            sql = sql.bindparams(bindparam("exclude", expanding=True))
-            params["exclude"] = exclude
-        with self.engine.connect() as conn:
-            return [Victim(*r) for r in conn.execute(sql, params).all()]
-
     def keys_in_namespace(self, namespace: str, limit: int) -> list[Victim]:
         with self.engine.connect() as conn:
             stmt = (select(chunks.c.key, chunks.c.namespace, chunks.c.stored_bytes, chunks.c.raw_bytes)
@@ -394,20 +383,40 @@ class ChunkIndex:
         return out
 
     def leaves(self, namespace: str | None = None, after: tuple[float, bytes] | None = None,
-               limit: int = 256) -> list[ChunkRow]:
+               limit: int = 256) -> list[Leaf]:
         """Unpinned rows that no stored chunk extends (what eviction may take now), by (last access,
-        key), oldest first, starting after ``after``. Changes nothing."""
+        key), oldest first, starting after ``after``; the one query of eviction candidates
+        (chunkstore/disk/eviction.py plans from it). Changes nothing."""
         c = chunks.c
         child = chunks.alias("child")
-        stmt = select(chunks).where(c.pinned.is_(False),
-                                    ~select(child.c.key).where(child.c.parent_key == c.key).exists())
+        sibling = chunks.alias("sibling")
+        num_children = (select(func.count()).select_from(sibling).where(sibling.c.parent_key == c.parent_key)
+                        .scalar_subquery().label("parent_num_children"))
+        stmt = select(chunks, num_children).where(
+            c.pinned.is_(False), ~select(child.c.key).where(child.c.parent_key == c.key).exists())
         if namespace is not None:
             stmt = stmt.where(c.namespace == namespace)
         if after is not None:
             stmt = stmt.where(or_(c.last_access_at > after[0], and_(c.last_access_at == after[0], c.key > after[1])))
         stmt = stmt.order_by(c.last_access_at, c.key).limit(limit)
         with self.engine.connect() as conn:
-            return [ChunkRow(**r) for r in conn.execute(stmt).mappings()]
+            return [self._leaf(r) for r in conn.execute(stmt).mappings()]
+
+    def leaf(self, key: bytes) -> Leaf | None:
+        """``key``'s row as a Leaf (whether or not it is one now: a planner asks once the plan has
+        taken every chunk that extends it); None when ``key`` is not stored. Changes nothing."""
+        c = chunks.c
+        sibling = chunks.alias("sibling")
+        num_children = (select(func.count()).select_from(sibling).where(sibling.c.parent_key == c.parent_key)
+                        .scalar_subquery().label("parent_num_children"))
+        with self.engine.connect() as conn:
+            r = conn.execute(select(chunks, num_children).where(c.key == key)).mappings().first()
+        return None if r is None else self._leaf(r)
+
+    @staticmethod
+    def _leaf(r) -> Leaf:
+        fields = {k: v for k, v in r.items() if k != "parent_num_children"}
+        return Leaf(ChunkRow(**fields), int(r["parent_num_children"]))
 
     # -- writes (each takes write_lock) ----------------------------------------------------
 
@@ -435,11 +444,13 @@ class ChunkIndex:
 
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:
         n = 0
-        with self.write_lock, self.engine.begin() as conn:
-            for batch in _batches(list(keys)):
-                stmt = (update(chunks).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
-                        .values(pinned=pinned))
-                n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+        with self.write_lock:
+            with self.engine.begin() as conn:
+                for batch in _batches(list(keys)):
+                    stmt = (update(chunks).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                            .values(pinned=pinned))
+                    n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+            self.generation += 1
         return n
 
     def set_quota(self, namespace: str, quota_bytes: int | None) -> None:
@@ -473,11 +484,11 @@ class ChunkIndex:
     def flush(self) -> None:
         if self.read_only:
             return
-        with self._writing():
+        with self._writing(changes_rows=False):
             pass  # the transaction writes the buffers
 
     @contextmanager
-    def _writing(self) -> Iterator[Connection]:
+    def _writing(self, changes_rows: bool = True) -> Iterator[Connection]:
         """A write transaction (under ``write_lock``) that first writes the buffered access times
         and counters. When it fails (a full disk) the counters go back to the buffer for the next
         transaction that commits; access times are hints and are dropped, so the buffer stays
@@ -494,6 +505,8 @@ class ChunkIndex:
                 with self._pending_lock:
                     self._pending_counts.update(counts)
                 raise
+            if changes_rows or touches:
+                self.generation += 1
 
     def _flush_in(self, conn: Connection, touches: dict[bytes, tuple[int, float]],
                   counts: Counter[tuple[str, str]]) -> None:

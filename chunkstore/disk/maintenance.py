@@ -1,4 +1,6 @@
-"""Offline care of a store: verify (and repair), rebuild the index from chunk headers, gc.
+"""Offline care of a store: verify (and repair), rebuild the index from chunk headers, gc, and bulk
+eviction (``evict_bytes``: the store's one planner, in bounded rounds). Only the store's public
+methods are used (its index is private to it).
 
 Invariants: verify without repair changes nothing and reports as damage corrupt files, rows whose
 file is missing, chunk files without a row (orphans) and leftover temp files, never a put in
@@ -18,11 +20,13 @@ from itertools import islice
 from pathlib import Path
 
 from chunkstore.disk.chunkfile import ChunkHeader
+from chunkstore.disk.eviction import EvictionSelection
 from chunkstore.disk.index import ChunkRow
-from chunkstore.disk.store import STORE_WIDE, ChunkStore
+from chunkstore.disk.store import STORE_WIDE, ChunkStore, EvictResult
 
 Progress = Callable[[int], None]  # called with the number of items just done
 _BATCH = 64
+_EVICT_ROUND_CHUNKS = 4096  # chunks planned per round of a bulk eviction: a plan's rows stay bounded
 # How long a read-only verify waits before it looks again at the orphans and temp files it found:
 # beside a running writer, a put's file is between its publish and its row, or its temp file is
 # being written, for about as long as a batch's fsyncs take.
@@ -94,8 +98,8 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
     if repair and store.read_only:
         raise PermissionError("repair needs the store opened for writing")
     report = VerifyReport()
-    for rows in _chunked(store.index.iter_rows(), _BATCH):
-        results = list(store._pool.map(lambda r: check_file(store, r.key, r), rows))
+    for rows in _chunked(store.iter_rows(), _BATCH):
+        results = store.map_workers(lambda r: check_file(store, r.key, r), rows)
         missing: list[bytes] = []
         for row, (status, _, _) in zip(rows, results):
             report.checked += 1
@@ -106,10 +110,10 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
                 missing.append(row.key)
             else:
                 report.corrupt += 1
-                if repair and store._quarantine(row.key, row.namespace, status, row=row):
+                if repair and store.quarantine(row.key, row.namespace, status, row=row):
                     report.quarantined += 1
         if repair and missing:
-            report.rows_dropped += store._drop_missing(missing)
+            report.rows_dropped += store.drop_missing(missing)
         if progress:
             progress(len(rows))
     if repair:
@@ -122,15 +126,14 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
 
 def _remove_temps(store: ChunkStore) -> int:
     """Temp files of dead writers; this process's own may belong to puts in flight."""
-    with store.index.write_lock:
-        return store.files.remove_temps(keep_own=True)
+    return store.remove_leftover_temps()
 
 
 def _orphan_batches(store: ChunkStore) -> Iterator[list[bytes]]:
     """Keys of chunk files that have no index row, a batch at a time (a full scan of the tree)."""
     keys = (k for k in map(store.files.key_from_path, store.files.iter_chunk_paths()) if k is not None)
     for batch in _chunked(keys, _BATCH):
-        present = store.index.present(batch)
+        present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
         if orphans := [k for k in batch if k not in present]:
             yield orphans
 
@@ -138,7 +141,7 @@ def _orphan_batches(store: ChunkStore) -> Iterator[list[bytes]]:
 def _still_orphans(store: ChunkStore, keys: list[bytes]) -> int:
     n = 0
     for batch in _chunked(keys, _BATCH):
-        present = store.index.present(batch)
+        present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
         n += sum(1 for k in batch if k not in present and store.files.path_for(k).exists())
     return n
 
@@ -155,21 +158,21 @@ def _count_leftovers(store: ChunkStore) -> tuple[int, int]:
     if store.read_only:
         time.sleep(SETTLE_S)
         return _still_orphans(store, candidates), sum(1 for t in temps if t.exists())
-    with store.index.write_lock:
+    with store.exclusive():
         return _still_orphans(store, candidates), len(temps)
 
 
 def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
     for orphans in _orphan_batches(store):
         report.orphans += len(orphans)
-        results = list(store._pool.map(lambda k: check_file(store, k), orphans))
+        results = store.map_workers(lambda k: check_file(store, k), orphans)
         rows = []
         for key, (status, header, size) in zip(orphans, results):
             if status == "ok" and header is not None:
                 rows.append(_row_from(header, size, _mtime(store, key)))
-            elif status != "missing" and store._quarantine(key, STORE_WIDE, status):
+            elif status != "missing" and store.quarantine(key, STORE_WIDE, status):
                 report.quarantined += 1
-        report.adopted += store.index.insert(rows)
+        report.adopted += store.adopt(rows)
 
 
 def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildReport:
@@ -178,18 +181,42 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
     report = RebuildReport()
     keys = (store.files.key_from_path(p) for p in store.files.iter_chunk_paths())
     for batch in _chunked(keys, _BATCH):
-        results = list(store._pool.map(lambda k: check_file(store, k) if k else ("bad name", None, 0), batch))
+        results = store.map_workers(lambda k: check_file(store, k) if k else ("bad name", None, 0), batch)
         rows = []
         for key, (status, header, size) in zip(batch, results):
             report.scanned += 1
             if status == "ok" and header is not None:
                 rows.append(_row_from(header, size, _mtime(store, key)))
-            elif key is not None and status != "missing" and store._quarantine(key, STORE_WIDE, status):
+            elif key is not None and status != "missing" and store.quarantine(key, STORE_WIDE, status):
                 report.quarantined += 1
-        report.indexed += store.index.insert(rows)
+        report.indexed += store.adopt(rows)
         if progress:
             progress(len(batch))
     return report
+
+
+def evict_bytes(store: ChunkStore, bytes_to_free: int, namespace: str | None = None) -> EvictResult:
+    """Evict least recently used, leaf-first, unpinned chunks (of ``namespace``) until
+    ``bytes_to_free`` stored bytes are gone or nothing evictable is left: plans of at most
+    ``_EVICT_ROUND_CHUNKS`` chunks, each carried out before the next is made (the order is the
+    one plan's). Raises ReadOnlyStoreError."""
+    keys: list[bytes] = []
+    freed = 0
+    while freed < bytes_to_free:
+        selection = EvictionSelection(namespace=namespace, bytes_to_free=bytes_to_free - freed,
+                                      max_chunks=_EVICT_ROUND_CHUNKS)
+        done = store.evict(store.plan_eviction(selection))
+        keys += done.keys
+        freed += done.stored_bytes
+        if done.is_complete or not done.victims:
+            break
+    return EvictResult(len(keys), freed, tuple(keys))
+
+
+def evict_down_to(store: ChunkStore, stored_bytes: int) -> EvictResult:
+    """Evict (as ``evict_bytes``) until at most ``stored_bytes`` are stored."""
+    excess = store.stored_bytes() - stored_bytes
+    return evict_bytes(store, excess) if excess > 0 else EvictResult(0, 0)
 
 
 def gc(store: ChunkStore, purge_quarantine: bool = False) -> GcReport:
@@ -197,14 +224,12 @@ def gc(store: ChunkStore, purge_quarantine: bool = False) -> GcReport:
     checkpoint the SQLite WAL."""
     report = GcReport(temps_removed=_remove_temps(store))
     if store.capacity_bytes is not None:
-        excess = store.index.stored_bytes() - store.capacity_bytes
-        if excess > 0:
-            result = store.evict(excess)
-            report.evicted_chunks, report.evicted_bytes = result.num_chunks, result.stored_bytes
+        done = evict_down_to(store, store.capacity_bytes)
+        report.evicted_chunks, report.evicted_bytes = done.num_chunks, done.stored_bytes
     if purge_quarantine:
         for entry in os.scandir(store.files.quarantine_dir):
             Path(entry.path).unlink(missing_ok=True)
             report.quarantine_purged += 1
     store.flush()
-    store.index.checkpoint()
+    store.checkpoint()
     return report

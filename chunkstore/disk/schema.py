@@ -2,7 +2,8 @@
 
 Invariant: these definitions match the newest migration; tests/test_schema.py compares them.
 Per-namespace usage is kept by SQLite triggers on ``chunks``, so it can never drift from the rows.
-``stats_history`` holds the management API's periodic samples (bounded by its writer, api/history.py).
+Only the disk tier's tables are here: the index file also holds the management API's own
+``stats_history`` (api/history_schema.py, its own migrations in the same alembic history).
 """
 
 from __future__ import annotations
@@ -54,28 +55,4 @@ counters = Table(
     Column("namespace", String, primary_key=True),
     Column("name", String, primary_key=True),
     Column("value", Integer, nullable=False, server_default="0"),
-)
-
-# One row per sample of the cache's figures (api/history.py writes and bounds it). Memory-tier and
-# lookup columns are NULL for an offline store. Counters are cumulative since ``uptime_s`` began,
-# so a restart shows as an uptime that went down.
-STATS_HISTORY_FIGURES = (
-    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
-    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
-    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
-    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
-    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
-)
-
-# The engine's serving counters (migration 0003), None without an engine.
-STATS_HISTORY_SERVING = ("requests_total", "completion_tokens_total", "ttft_sum_s", "ttft_count")
-
-stats_history = Table(
-    "stats_history", metadata,
-    Column("id", Integer, primary_key=True),
-    Column("sampled_at", Float, nullable=False),
-    Column("uptime_s", Float, nullable=False),
-    *(Column(name, Integer, nullable=True) for name in STATS_HISTORY_FIGURES),
-    *(Column(name, Float if name.endswith("_s") else Integer, nullable=True) for name in STATS_HISTORY_SERVING),
-    Index("ix_stats_history_sampled_at", "sampled_at"),
 )

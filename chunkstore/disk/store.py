@@ -1,9 +1,12 @@
-"""ChunkStore: the disk tier's public API (batch put / get / exists, eviction, pins, quotas, stats).
+"""ChunkStore: the disk tier's only door (batch put / get / exists, eviction, pins, quotas, stats).
 
-Invariants: a key is present iff its index row exists, and a row exists only after its file was
-published (file, then row; deleting: row, then file); every read verifies the file (checksums,
-key, parent, tokens, layout) and a bad file is quarantined and reported as a miss, never
-returned; eviction is least-recently-used and leaf-first and never touches pinned chunks;
+Invariants: the index is private (``_index``): every other part, the API, CLI, maintenance and
+benchmarks included, calls the methods below; a key is present iff its index row exists, and a
+row exists only after its file was published (file, then row; deleting: row, then file); every
+read verifies the file (checksums, key, parent, tokens, layout) and a bad file is quarantined and
+reported as a miss, never returned; eviction is planned in one place (eviction.py: least recently
+used, leaf-first, never a pinned chunk) and carried out by ``evict(plan)``; a read-only store
+refuses every mutating method (MUTATING_METHODS) through one guard, ``_mutation``;
 one process writes a store at a time (an exclusive lock file), one thread at a time within it;
 every failed write (a chunk file, a publish, an index commit or flush) is counted, logged
 rate-limited, and marks the store degraded until a write succeeds; closing never raises for a
@@ -18,6 +21,7 @@ store's top-level files and folders private on every open, and walks the chunk t
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -27,13 +31,14 @@ import mmap
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from chunkstore.disk.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
@@ -41,7 +46,9 @@ from chunkstore.disk.codec import Codec, CorruptChunkError, encode
 from chunkstore.disk.files import (PRIVATE_FILE_MODE, ChunkFiles, Durability, ReadBuffers, make_private,
                               make_private_dir, write_private_file)
 from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
-from chunkstore.disk.index import ChunkIndex, ChunkRow, Victim, db_files
+from chunkstore.disk.eviction import EvictionPlan, EvictionSelection
+from chunkstore.disk.eviction import plan as plan_of
+from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, NamespaceUsage, Victim, db_files
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
 
@@ -49,6 +56,8 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 STORE_FILENAME = "store.json"
 MODELS_DIRNAME = "models"  # in a data folder: the stores of models other than the first (store_root)
@@ -57,8 +66,21 @@ STORE_FORMAT = 1
 # In store.json once every file and folder of the chunk tree has been made private (a store
 # written before files were private gets one full walk, on its first writable open).
 PRIVATE_MARKER = "private_files"
-_EVICT_BATCH = 256
+_DROP_BATCH = 256  # rows deleted per index transaction
 
+# The public methods of ChunkStore, each in one of two lists (tests/test_store_read_only.py checks
+# the class against them, so a new method cannot skip the read-only guard): a mutation refuses a
+# read-only store (``_mutation``), with ReadOnlyStoreError and changing nothing; the rest read, or
+# write only the access times and counters that a read-only store keeps in memory (flush, close).
+MUTATING_METHODS = (
+    "put", "evict", "delete", "delete_namespace", "pin", "unpin", "set_quota",
+    "adopt", "quarantine", "drop_missing", "remove_leftover_temps", "checkpoint", "write_side_tables",
+)
+READING_METHODS = (
+    "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
+    "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
+    "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers",
+)
 
 
 @functools.cache
@@ -79,6 +101,23 @@ def __getattr__(name: str):
 
 class StoreBusyError(RuntimeError):
     """Another process holds the store's writer lock."""
+
+
+class ReadOnlyStoreError(PermissionError):
+    """A mutation asked of a store opened read-only."""
+
+
+def _mutation(method):
+    """Refuse ``method`` on a read-only store (ReadOnlyStoreError, before anything runs): the one
+    read-only check of every mutating method (MUTATING_METHODS)."""
+    @functools.wraps(method)
+    def guarded(self: "ChunkStore", *args, **kwargs):
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{method.__name__}: the store at {self.root} is opened read-only")
+        return method(self, *args, **kwargs)
+
+    guarded.is_mutation = True
+    return guarded
 
 
 @dataclass(slots=True)
@@ -207,6 +246,9 @@ class ChunkStore:
     decode loaded pages (default 1 per core). ``reset_index`` deletes the SQLite index
     (not the chunk files) before opening, for `chunkstore rebuild`. Failed writes are logged at
     most once per ``failure_log_interval_s`` after the first (a summary line counts the rest).
+    ``index_factory`` opens the index (``ChunkIndex``'s signature): the seam tests use to make
+    index commits fail. The index is the store's own: callers use the store's methods, which keep
+    its rules (file, then row; row, then file; the read-only guard).
     """
 
     def __init__(
@@ -226,6 +268,7 @@ class ChunkStore:
         read_only: bool = False,
         reset_index: bool = False,
         failure_log_interval_s: float = LOG_INTERVAL_S,
+        index_factory: Callable[..., ChunkIndex] = ChunkIndex,
     ):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
@@ -256,8 +299,8 @@ class ChunkStore:
                         f.unlink(missing_ok=True)
             # A writer that finds chunk files but no index must not start an empty one (that
             # would hide every chunk): it asks for `chunkstore rebuild` instead.
-            self.index = ChunkIndex(self.root, read_only=read_only,
-                                    must_exist=not reset_index and self.files.has_chunks())
+            self._index = index_factory(self.root, read_only=read_only,
+                                        must_exist=not reset_index and self.files.has_chunks())
             if read_only:
                 self._warn_if_not_private()
             else:
@@ -350,7 +393,7 @@ class ChunkStore:
         self._decode_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         try:
-            self.index.close()  # writes the buffered counters, then disposes of the connections
+            self._index.close()  # writes the buffered counters, then disposes of the connections
         except DBAPIError as exc:  # a full disk: those counters are lost, the index stays consistent
             self._writes.failed("index flush at close", exc, num_pages=0)
         self._writes.flush_log()
@@ -383,26 +426,25 @@ class ChunkStore:
         tmp = self.files.write_temp(page.key, (head, *payload.segments))
         return tmp, len(head) + payload.stored_size_bytes
 
+    @_mutation
     def put(self, pages: Sequence[PageRef], tensors: Sequence[torch.Tensor]) -> PutResult:
         """Store pages (one tensor of ``identity.page_shape`` each). Keys already stored are
         deduplicated (nothing written). Compression and file writes run in the worker pool; the
         index is updated under the writer lock. A page that cannot be written (disk full, over
         capacity or quota) is listed in ``failed`` and leaves nothing visible.
-        Raises ValueError for a page of the wrong shape, dtype or token count.
+        Raises ValueError for a page of the wrong shape, dtype or token count, ReadOnlyStoreError.
         """
-        if self.read_only:
-            raise PermissionError("store opened read-only")
         if len(pages) != len(tensors):
             raise ValueError(f"{len(pages)} pages but {len(tensors)} tensors")
         for p, t in zip(pages, tensors):
             self._check_page(p, t)
         result = PutResult()
-        present = self.index.present([p.key for p in pages])
+        present = self._index.present([p.key for p in pages])
         todo: dict[bytes, tuple[PageRef, torch.Tensor]] = {}
         for p, t in zip(pages, tensors):
             if p.key in present or p.key in todo:
                 result.deduplicated.append(p.key)
-                self.index.count_event(p.namespace, "dedup_hits")
+                self._index.count_event(p.namespace, "dedup_hits")
             else:
                 todo[p.key] = (p, t)
         futures = {k: self._pool.submit(self._encode_and_write, p, t) for k, (p, t) in todo.items()}
@@ -413,7 +455,7 @@ class ChunkStore:
                     written[key] = fut.result()
                 except OSError as exc:
                     result.failed[key] = f"write failed: {exc}"
-                    self.index.count_event(todo[key][0].namespace, "write_errors")
+                    self._index.count_event(todo[key][0].namespace, "write_errors")
                     self._writes.failed("chunk file", exc)
         except BaseException:  # an unexpected error: leave no temp file of this batch behind
             for fut in futures.values():
@@ -426,12 +468,12 @@ class ChunkStore:
 
     def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
                  written: dict[bytes, tuple[Path, int]], result: PutResult) -> None:
-        with self.index.write_lock:
-            again = self.index.present(list(written))
+        with self._index.write_lock:
+            again = self._index.present(list(written))
             for key in again:  # another thread stored it meanwhile
                 self.files.discard_temp(written.pop(key)[0])
                 result.deduplicated.append(key)
-                self.index.count_event(todo[key][0].namespace, "dedup_hits")
+                self._index.count_event(todo[key][0].namespace, "dedup_hits")
             step, admitted = "index commit", list(written)
             try:
                 admitted = self._make_room(todo, written, result)  # evicting writes the index too
@@ -445,7 +487,7 @@ class ChunkStore:
                 step = "publish"
                 self.files.publish([(written[k][0], k) for k in admitted], self._pool)
                 step = "index commit"
-                self.index.insert(rows)  # file first, then row
+                self._index.insert(rows)  # file first, then row
             except (OSError, DBAPIError) as exc:
                 # Nothing of this batch may stay visible: no row was committed, so the files
                 # published (all new keys, checked under this lock) are removed again.
@@ -453,7 +495,7 @@ class ChunkStore:
                     self.files.discard_temp(written[k][0])
                     self.files.remove(k)
                     result.failed[k] = f"publish failed: {exc}"
-                    self.index.count_event(todo[k][0].namespace, "write_errors")
+                    self._index.count_event(todo[k][0].namespace, "write_errors")
                 self._writes.failed(step, exc, num_pages=len(admitted))
                 return
             result.stored.extend(admitted)
@@ -471,7 +513,7 @@ class ChunkStore:
             by_ns[ns] = by_ns.get(ns, 0) + size
         rejected: dict[str, str] = {}
         for ns, need in by_ns.items():
-            quota = self.index.quota(ns)
+            quota = self._index.quota(ns)
             if quota is not None and not self._fit(need, quota, ns, protect):
                 rejected[ns] = f"namespace quota of {quota} bytes"
         total = sum(need for ns, need in by_ns.items() if ns not in rejected)
@@ -491,21 +533,21 @@ class ChunkStore:
     def _fit(self, need: int, limit: int, namespace: str | None, protect: set[bytes]) -> bool:
         if need > limit:
             return False
-        excess = self.index.stored_bytes(namespace) + need - limit
+        excess = self._index.stored_bytes(namespace) + need - limit
         if excess > 0:
-            self._evict_locked(excess, namespace, protect)
-        return self.index.stored_bytes(namespace) + need <= limit
+            self._drop(self._plan(EvictionSelection(namespace=namespace, bytes_to_free=excess), protect).victims)
+        return self._index.stored_bytes(namespace) + need <= limit
 
     # -- get / exists ----------------------------------------------------------------------
 
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each key is stored (index only; no file is opened)."""
-        present = self.index.present(keys)
+        present = self._index.present(keys)
         return [k in present for k in keys]
 
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
         """How many leading keys of a chain are stored."""
-        present = self.index.present(keys)
+        present = self._index.present(keys)
         n = 0
         for k in keys:
             if k not in present:
@@ -532,7 +574,7 @@ class ChunkStore:
         for out in outs:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
-        present = self.index.present([p.key for p in pages])
+        present = self._index.present([p.key for p in pages])
         statuses = self._load_many([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
         hits: list[bool] = []
         missing: list[PageRef] = []
@@ -546,11 +588,11 @@ class ChunkStore:
                 corrupt.append((p, status))
         hit_pages = [p for p, h in zip(pages, hits) if h]
         try:
-            self.index.touch(p.key for p in hit_pages)  # may flush a full buffer to the index
+            self._index.touch(p.key for p in hit_pages)  # may flush a full buffer to the index
         except DBAPIError as exc:  # a full disk: the access times are dropped, the read still counts
             self._writes.failed("index flush", exc, num_pages=0)
         for p, h in zip(pages, hits):
-            self.index.count_event(p.namespace, "hits" if h else "misses")
+            self._index.count_event(p.namespace, "hits" if h else "misses")
         if missing and not self.read_only:
             self._drop_missing([p.key for p in missing])
         for p, why in corrupt:
@@ -663,118 +705,225 @@ class ChunkStore:
         if self.read_only:
             log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
             return False
-        with self.index.write_lock:
+        with self._index.write_lock:
             status = self.verify_file(key, page, row=row).status
             if status == "ok":
                 return False
-            self.index.delete([key])
+            self._index.delete([key])
             moved = self.files.quarantine(key)
         if moved is None:
             return False
-        self.index.count_event(namespace, "quarantined")
+        self._index.count_event(namespace, "quarantined")
         log.warning("quarantined chunk %s (%s) to %s", key.hex(), why, moved)
         return True
 
     def _drop_missing(self, keys: Sequence[bytes]) -> int:
         """Drop the rows of keys whose file is gone, checked again under the writer lock (the
         chunk may have been stored again since the read found no file)."""
-        with self.index.write_lock:
+        with self._index.write_lock:
             gone = [k for k in keys if not self.files.path_for(k).exists()]
-            return self.index.delete(gone) if gone else 0
+            return self._index.delete(gone) if gone else 0
+
+    # -- offline care (maintenance.py) -----------------------------------------------------
+
+    @_mutation
+    def quarantine(self, key: bytes, namespace: str, why: str, row: ChunkRow | None = None) -> bool:
+        """Move the file of ``key`` aside and drop its row when it still fails verification
+        (checked again under the writer lock); returns whether it did."""
+        return self._quarantine(key, namespace, why, row=row)
+
+    @_mutation
+    def drop_missing(self, keys: Sequence[bytes]) -> int:
+        """Drop the rows of ``keys`` whose file is gone (checked again under the writer lock);
+        returns how many rows went."""
+        return self._drop_missing(keys)
+
+    @_mutation
+    def adopt(self, rows: Sequence[ChunkRow]) -> int:
+        """Index chunk files that have no row (``rows`` made from their verified headers; the file
+        is there first, as in a put); keys already indexed are left as they are. Returns how many
+        rows were new. Not counted against the capacity until then (files without a row are
+        invisible)."""
+        return self._index.insert(rows)
+
+    @_mutation
+    def remove_leftover_temps(self) -> int:
+        """Remove the temp files of dead writers (this process's own may be puts in flight), under
+        the writer lock; returns how many."""
+        with self._index.write_lock:
+            return self.files.remove_temps(keep_own=True)
+
+    @_mutation
+    def checkpoint(self) -> None:
+        """Fold the index's write-ahead log into the database file (SQLite's TRUNCATE checkpoint)."""
+        self._index.checkpoint()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the writer lock for the ``with`` block: no put publishes and no row is deleted in
+        this process meanwhile (what a check looks at again stays as it is). Re-entrant."""
+        with self._index.write_lock:
+            yield
+
+    def map_workers(self, fn: Callable[[_T], _R], items: Iterable[_T]) -> list[_R]:
+        """``fn`` over ``items`` on the store's worker threads, results in order (maintenance
+        verifies files in parallel; zstd, xxhash and file reads release the GIL)."""
+        return list(self._pool.map(fn, items))
+
+    # -- the index file's side tables (the management API's stats history) ------------------
+
+    @contextlib.contextmanager
+    def read_side_tables(self) -> Iterator[Connection]:
+        """A read connection to the index file, for tables that other parts own there (they
+        create them in their own migrations of the same alembic history; never the disk tier's
+        tables, which only this store changes)."""
+        with self._index.engine.connect() as conn:
+            yield conn
+
+    @_mutation
+    @contextlib.contextmanager
+    def write_side_tables(self) -> Iterator[Connection]:
+        """A write transaction on the index file for another part's own tables (see
+        ``read_side_tables``), under the writer lock; committed when the block ends."""
+        with self._index.write_lock, self._index.engine.begin() as conn:
+            yield conn
+
+    # -- reading the index -----------------------------------------------------------------
+
+    def num_chunks(self) -> int:
+        """How many chunks are stored (rows of the index)."""
+        return self._index.count()
+
+    def stored_bytes(self, namespace: str | None = None) -> int:
+        """The stored (compressed) bytes of every chunk, or of ``namespace``'s."""
+        return self._index.stored_bytes(namespace)
+
+    def chunk_rows(self, keys: Sequence[bytes]) -> dict[bytes, ChunkRow]:
+        """The index rows of the stored keys among ``keys`` (access times still buffered are not
+        seen). Opens no file."""
+        return self._index.rows(keys)
+
+    def iter_rows(self, batch_size: int = 1000) -> Iterator[ChunkRow]:
+        """Every row in key order, a batch at a time (bounded memory)."""
+        return self._index.iter_rows(batch_size)
+
+    def list_chunks(self, query: ChunkQuery = ChunkQuery(), *, order: ChunkOrder = ChunkOrder.LAST_ACCESS,
+                    descending: bool = True, limit: int = 100,
+                    after: tuple[float, bytes] | None = None) -> list[ChunkRow]:
+        """Up to ``limit`` rows matching ``query``, sorted by ``order`` then key, after the (sort
+        value, key) ``after`` (keyset paging; ChunkIndex.list_chunks)."""
+        return self._index.list_chunks(query, order=order, descending=descending, limit=limit, after=after)
+
+    def count_chunks(self, query: ChunkQuery = ChunkQuery()) -> int:
+        """How many rows match ``query``."""
+        return self._index.count_chunks(query)
+
+    def child_keys(self, key: bytes) -> list[bytes]:
+        """The stored chunks that extend ``key`` by one page."""
+        return self._index.child_keys(key)
+
+    def namespace_usage(self) -> list[NamespaceUsage]:
+        """Per namespace with chunks or a quota: chunks, raw and stored bytes, quota (kept by the
+        index's triggers, so never drifting from the rows)."""
+        return self._index.usage()
+
+    def quota(self, namespace: str) -> int | None:
+        """The quota of ``namespace`` in stored bytes, None when it has none."""
+        return self._index.quota(namespace)
 
     # -- eviction, pins, quotas ------------------------------------------------------------
 
-    def evict(self, bytes_to_free: int, namespace: str | None = None) -> EvictResult:
-        """Evict least recently used, leaf-first, unpinned chunks until ``bytes_to_free`` stored
-        bytes are gone or nothing evictable is left. Takes the writer lock."""
-        if self.read_only:
-            raise PermissionError("store opened read-only")
-        with self.index.write_lock:
-            return self._evict_locked(bytes_to_free, namespace)
+    def plan_eviction(self, selection: EvictionSelection) -> EvictionPlan:
+        """What ``selection`` evicts now, in eviction order (chunkstore/disk/eviction.py), changing
+        nothing: the same plan serves a dry run and ``evict``. Buffered access times are written
+        first on a writable store (they decide the order). Raises ChunkNotStoredError (an unknown
+        key), StrandedDescendantsError (a key alone that has stored descendants)."""
+        return self._plan(selection)
 
-    def _evict_locked(self, bytes_to_free: int, namespace: str | None,
-                      protect: set[bytes] = frozenset()) -> EvictResult:
-        freed = 0
-        keys: list[bytes] = []
-        while freed < bytes_to_free:
-            batch: list[Victim] = []
-            # Dropping a leaf can make its parent a leaf older than the rest of this batch: stop
-            # the batch there and ask again, so the order stays exactly least-recently-used.
-            horizon = float("inf")
-            for v in self.index.victims(_EVICT_BATCH, namespace, exclude=protect):
-                if freed >= bytes_to_free or v.last_access_at > horizon:
-                    break
-                batch.append(v)
-                freed += v.stored_bytes
-                if v.parent_last_access_at is not None:
-                    horizon = min(horizon, v.parent_last_access_at)
-            if not batch:
-                break
-            self._drop(batch)
-            keys.extend(v.key for v in batch)
-        return EvictResult(len(keys), freed, tuple(keys))
+    def _plan(self, selection: EvictionSelection, exclude: frozenset[bytes] | set[bytes] = frozenset()) -> EvictionPlan:
+        if not self.read_only:
+            self._index.flush()
+        return plan_of(self._index, selection, generation=self._index.generation, exclude=exclude)
 
+    @_mutation
+    def evict(self, plan: EvictionPlan) -> EvictionPlan:
+        """Carry out ``plan`` (row, then file, per chunk; counted as evictions) under the writer
+        lock, and return what was evicted: ``plan`` itself while the index is as it was planned,
+        else the plan of the same selection made again under the lock (a put, access or pin since
+        may have changed the order or made a chunk unsafe to drop), so a stale plan never drops a
+        pinned chunk or leaves a hole. Raises as ``plan_eviction`` and ReadOnlyStoreError."""
+        with self._index.write_lock:
+            self._index.flush()  # buffered access times count as a change of the order
+            if plan.generation != self._index.generation:
+                plan = plan_of(self._index, plan.selection, generation=self._index.generation)
+            for i in range(0, len(plan.victims), _DROP_BATCH):
+                self._drop(plan.victims[i:i + _DROP_BATCH])
+        return plan
+
+    @_mutation
     def delete(self, keys: Sequence[bytes]) -> EvictResult:
         """Delete the stored chunks ``keys`` (row, then file; counted as evictions), under the writer
         lock; keys not stored are ignored. A set that would leave a hole is refused as a whole: a
         pinned chunk, or a stored chunk outside ``keys`` that extends one of them (it would become
         unreachable; give its subtree), raise ValueError and delete nothing. Raises
-        PermissionError for a read-only store. Returns what was deleted (its keys in the order given)."""
-        if self.read_only:
-            raise PermissionError("store opened read-only")
+        ReadOnlyStoreError for a read-only store. Returns what was deleted (its keys in the order given)."""
         wanted = list(dict.fromkeys(keys))
-        with self.index.write_lock:
-            rows = self.index.rows(wanted)
+        with self._index.write_lock:
+            rows = self._index.rows(wanted)
             pinned = [k for k, r in rows.items() if r.pinned]
             if pinned:
                 raise ValueError(f"{len(pinned)} of the chunks are pinned (e.g. {pinned[0].hex()}): unpin them first")
-            for parent, children in self.index.children_of(list(rows)).items():
+            for parent, children in self._index.children_of(list(rows)).items():
                 outside = [c for c in children if c not in rows]
                 if outside:
                     raise ValueError(f"chunk {parent.hex()} has stored descendants that are not being deleted "
                                      f"(e.g. {outside[0].hex()}); they would be left unreachable")
-            victims = [Victim(k, rows[k].namespace, rows[k].stored_bytes, rows[k].raw_bytes, rows[k].last_access_at)
-                       for k in wanted if k in rows]
-            for i in range(0, len(victims), _EVICT_BATCH):
-                self._drop(victims[i:i + _EVICT_BATCH])
+            victims = [rows[k] for k in wanted if k in rows]
+            for i in range(0, len(victims), _DROP_BATCH):
+                self._drop(victims[i:i + _DROP_BATCH])
         return EvictResult(len(victims), sum(v.stored_bytes for v in victims), tuple(v.key for v in victims))
 
-    def _drop(self, victims: Sequence[Victim]) -> None:
-        self.index.delete([v.key for v in victims])  # row first, then the file
+    def _drop(self, victims: Sequence[ChunkRow | Victim]) -> None:
+        if not victims:
+            return
+        self._index.delete([v.key for v in victims])  # row first, then the file
         for v in victims:
             self.files.remove(v.key)
-            self.index.count_event(v.namespace, "evictions")
+            self._index.count_event(v.namespace, "evictions")
 
+    @_mutation
     def delete_namespace(self, namespace: str) -> EvictResult:
         """Delete every chunk of ``namespace``, pinned ones included."""
-        if self.read_only:
-            raise PermissionError("store opened read-only")
         n = freed = 0
-        with self.index.write_lock:
-            while batch := self.index.keys_in_namespace(namespace, 1000):
+        with self._index.write_lock:
+            while batch := self._index.keys_in_namespace(namespace, 1000):
                 self._drop(batch)
                 n += len(batch)
                 freed += sum(v.stored_bytes for v in batch)
         return EvictResult(n, freed)
 
+    @_mutation
     def pin(self, keys: Sequence[bytes]) -> int:
-        return self.index.set_pinned(keys, True)
+        """Keep ``keys`` from eviction; returns how many stored chunks were changed."""
+        return self._index.set_pinned(keys, True)
 
+    @_mutation
     def unpin(self, keys: Sequence[bytes]) -> int:
-        return self.index.set_pinned(keys, False)
+        return self._index.set_pinned(keys, False)
 
+    @_mutation
     def set_quota(self, namespace: str, quota_bytes: int | None) -> None:
         """Bound the stored bytes of ``namespace`` (None removes the quota). Takes effect on the
         next put into that namespace, which evicts within it to fit."""
         if quota_bytes is not None and quota_bytes < 0:
             raise ValueError("quota_bytes must be >= 0")
-        self.index.set_quota(namespace, quota_bytes)
+        self._index.set_quota(namespace, quota_bytes)
 
     def flush(self) -> None:
         """Write buffered access times and counters to the index. Raises sqlalchemy's DBAPIError
         when that fails (a full disk; counted as a failed write, the counters stay buffered)."""
         try:
-            self.index.flush()
+            self._index.flush()
         except DBAPIError as exc:
             self._writes.failed("index flush", exc, num_pages=0)
             raise
@@ -782,9 +931,9 @@ class ChunkStore:
     # -- stats -----------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
-        counts = self.index.counter_values()
+        counts = self._index.counter_values()
         per_ns = []
-        usage = {u.namespace: u for u in self.index.usage()}
+        usage = {u.namespace: u for u in self._index.usage()}
         names = (set(usage) | {ns for ns, _ in counts}) - {STORE_WIDE}
         for ns in sorted(names):
             u = usage.get(ns)

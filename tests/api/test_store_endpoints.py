@@ -111,7 +111,7 @@ def test_quota(store_server):
         assert r.status_code == 422 and "quota_bytes" in r.json()["error"]["message"]
         assert c.put("/namespaces/default/quota", json={"quota_bytes": None}).json()["quota_bytes"] is None
     with ChunkStore(store_server.root, TINY, read_only=True) as s:
-        assert s.index.quota("default") is None
+        assert s.quota("default") is None
 
 
 def test_quota_of_a_namespace_with_a_slash(store_server):
@@ -121,7 +121,7 @@ def test_quota_of_a_namespace_with_a_slash(store_server):
         assert (r.json()["namespace"], r.json()["quota_bytes"]) == ("team/a", 7000)
         assert c.put("/namespaces/team/b/quota", json={"quota_bytes": 8000}).json()["namespace"] == "team/b"
     with ChunkStore(store_server.root, TINY, read_only=True) as s:
-        assert (s.index.quota("team/a"), s.index.quota("team/b")) == (7000, 8000)
+        assert (s.quota("team/a"), s.quota("team/b")) == (7000, 8000)
 
 
 def test_dry_run_changes_nothing_and_eviction_reaches_the_disk(store_server):
@@ -227,9 +227,17 @@ def test_jobs_report_progress_and_results(store_server):
 
 
 def test_one_job_of_a_kind_at_a_time(store_server):
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Semaphore(0)
+
+    def hold(_) -> None:
+        running.release()
+        gate.wait(20)
+
     with store_server.backend.using_store() as store:  # occupy the threads verify reads with
-        blockers = [store._pool.submit(gate.wait, 20) for _ in range(store.num_workers)]
+        blocker = threading.Thread(target=store.map_workers, args=(hold, range(store.num_workers)), daemon=True)
+        blocker.start()
+        for _ in range(store.num_workers):
+            assert running.acquire(timeout=10)
     try:
         with store_server.client() as c:
             first = c.post("/jobs/verify")
@@ -243,8 +251,7 @@ def test_one_job_of_a_kind_at_a_time(store_server):
             assert c.post("/jobs/verify").status_code == 202
     finally:
         gate.set()
-        for b in blockers:
-            b.result()
+        blocker.join(30)
 
 
 def test_history_survives_a_restart(tmp_path):

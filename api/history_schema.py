@@ -1,0 +1,37 @@
+"""The stats history table: the management API's own table, kept in the store's index file.
+
+Invariants: the API alone reads and writes it (api/history.py, through ChunkStore's side-table
+connections), the disk tier never does; its migrations (alembic/versions/0002, 0003) are its own,
+in the index's one linear alembic history; these definitions match the newest of them
+(tests/test_schema.py compares them). Imports nothing but SQLAlchemy, so alembic's env.py can load it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Column, Float, Index, Integer, MetaData, Table
+
+metadata = MetaData()
+
+# One row per sample of the cache's figures (api/history.py writes and bounds it). Memory-tier and
+# lookup columns are NULL for an offline store. Counters are cumulative since ``uptime_s`` began,
+# so a restart shows as an uptime that went down.
+STATS_HISTORY_FIGURES = (
+    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
+    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
+    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
+    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
+    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
+)
+
+# The engine's serving counters (migration 0003), None without an engine.
+STATS_HISTORY_SERVING = ("requests_total", "completion_tokens_total", "ttft_sum_s", "ttft_count")
+
+stats_history = Table(
+    "stats_history", metadata,
+    Column("id", Integer, primary_key=True),
+    Column("sampled_at", Float, nullable=False),
+    Column("uptime_s", Float, nullable=False),
+    *(Column(name, Integer, nullable=True) for name in STATS_HISTORY_FIGURES),
+    *(Column(name, Float if name.endswith("_s") else Integer, nullable=True) for name in STATS_HISTORY_SERVING),
+    Index("ix_stats_history_sampled_at", "sampled_at"),
+)
