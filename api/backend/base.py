@@ -3,7 +3,8 @@
 Invariants: the API reaches the cache and the chunk store only through a backend, and the backend
 only through their public methods; every store access goes through ``using_store``, which raises
 instead of yielding while there is no store (NoDiskTierError), it is being replaced
-(StoreUnavailableError), or a write is asked of a read-only store (ReadOnlyError). A backend never closes what it was given.
+(StoreUnavailableError), or a write is asked of a read-only store (ReadOnlyError). A backend never
+closes what it was given.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.cache.admin import MemoryEviction, MemorySelection, ResidentPage
 from chunkstore.cache.stats import CacheStats, NamespaceLookups
+from chunkstore.cache.tiers import Tier
 from chunkstore.choices import Choice
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.maintenance import Progress, RebuildReport
@@ -87,7 +89,7 @@ class AdminBackend(ABC):
     kind: BackendKind
     identity: ModelIdentity
     decode: Decode | None = None
-    memory_tiers: tuple[str, ...] = ()  # ("device", "host") for a live cache
+    memory_tiers: tuple[Tier, ...] = ()  # MEMORY_TIERS (device, host) for a live cache
 
     @property
     @abstractmethod
@@ -134,14 +136,14 @@ class AdminBackend(ABC):
 
     # -- memory tiers: a live cache only ---------------------------------------------------------
 
-    def _no_memory(self, tier: str) -> UnsupportedError:
+    def _no_memory(self, tier: Tier | str) -> UnsupportedError:
         return UnsupportedError(f"tier {tier}: this backend has no memory tiers (an offline store); "
                                 f"its only tier is disk")
 
-    def resident_keys(self, tier: str, namespace: str | None = None) -> set[bytes]:
+    def resident_keys(self, tier: Tier | str, namespace: str | None = None) -> set[bytes]:
         raise self._no_memory(tier)
 
-    def resident_pages(self, tier: str, namespace: str | None = None) -> list[ResidentPage]:
+    def resident_pages(self, tier: Tier | str, namespace: str | None = None) -> list[ResidentPage]:
         raise self._no_memory(tier)
 
     def lookups_by_namespace(self) -> dict[str, NamespaceLookups]:
@@ -152,20 +154,20 @@ class AdminBackend(ABC):
         """Per namespace, (device pages, host pages) held in memory; {} offline."""
         return {}
 
-    def evictable_pages(self, tier: str) -> int:
+    def evictable_pages(self, tier: Tier | str) -> int:
         raise self._no_memory(tier)
 
-    def cached_pages(self, tier: str) -> int:
+    def cached_pages(self, tier: Tier | str) -> int:
         raise self._no_memory(tier)
 
-    def evict_memory(self, tier: str, num_pages: int) -> int:
+    def evict_memory(self, tier: Tier | str, num_pages: int) -> int:
         raise self._no_memory(tier)
 
-    def evict_memory_selected(self, tier: str, selection: MemorySelection, dry_run: bool) -> MemoryEviction:
+    def evict_memory_selected(self, tier: Tier | str, selection: MemorySelection, dry_run: bool) -> MemoryEviction:
         """``TieredCache.evict_selected``: by key (and descendants), namespace or age."""
         raise self._no_memory(tier)
 
-    def clear_memory(self, tier: str) -> int:
+    def clear_memory(self, tier: Tier | str) -> int:
         raise self._no_memory(tier)
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """CacheBackend: the management API over a live TieredCache (what `chunkstore serve` mounts).
 
-Invariants: everything goes through the cache's public methods (stats, flush, evict, clear,
-resident_keys, residency_by_namespace, reconfigure) and its store's; the store is the cache's own
+Invariants: everything goes through the cache's public methods (stats, flush) and its admin
+operations (``CacheAdmin``: evict, clear, resident_keys, residency_by_namespace, reconfigure) and
+its store's; the store is the cache's own
 and is never closed or replaced here, so an index rebuild is refused (it needs the store offline).
 """
 
@@ -13,9 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from chunkstore.cache.admin import MemoryEviction, MemorySelection, ResidentPage
-from chunkstore.cache.stats import NamespaceLookups
+from chunkstore.cache.admin import CacheAdmin, MemoryEviction, MemorySelection, ResidentPage
+from chunkstore.cache.stats import NamespaceLookups, TierUsage
 from chunkstore.cache.tiered import TieredCache
+from chunkstore.cache.tiers import MEMORY_TIERS, Tier
 from chunkstore.disk.maintenance import Progress, RebuildReport
 from chunkstore.disk.store import ChunkStore
 
@@ -31,11 +33,12 @@ class CacheBackend(AdminBackend):
     imports the engine) adds the requests, tokens and latencies served to the stats."""
 
     kind = BackendKind.CACHE
-    memory_tiers = ("device", "host")
+    memory_tiers = MEMORY_TIERS
 
     def __init__(self, cache: TieredCache, *, decode: Decode | None = None,
                  serving: ServingSource | None = None) -> None:
         self.cache = cache
+        self.admin: CacheAdmin = cache.admin
         self.identity = cache.identity
         self.decode = decode
         self.serving = serving
@@ -75,7 +78,7 @@ class CacheBackend(AdminBackend):
         return set(self._explicit)
 
     def reconfigure(self, changes: dict[str, Any]) -> None:
-        self.cache.reconfigure(**changes)
+        self.admin.reconfigure(**changes)
 
     def flush(self, timeout_s: float | None) -> FlushOutcome:
         result = self.cache.flush(timeout_s)
@@ -98,33 +101,33 @@ class CacheBackend(AdminBackend):
 
     # -- memory tiers ----------------------------------------------------------------------------
 
-    def resident_keys(self, tier: str, namespace: str | None = None) -> set[bytes]:
-        return self.cache.resident_keys(tier, namespace)
+    def resident_keys(self, tier: Tier | str, namespace: str | None = None) -> set[bytes]:
+        return self.admin.resident_keys(tier, namespace)
 
-    def resident_pages(self, tier: str, namespace: str | None = None) -> list[ResidentPage]:
-        return self.cache.resident_pages(tier, namespace)
+    def resident_pages(self, tier: Tier | str, namespace: str | None = None) -> list[ResidentPage]:
+        return self.admin.resident_pages(tier, namespace)
 
     def lookups_by_namespace(self) -> dict[str, NamespaceLookups]:
-        return self.cache.lookups_by_namespace()
+        return self.admin.lookups_by_namespace()
 
     def residency_by_namespace(self) -> dict[str, tuple[int, int]]:
-        return {ns: (r.device_pages, r.host_pages) for ns, r in self.cache.residency_by_namespace().items()}
+        return {ns: (r.device_pages, r.host_pages) for ns, r in self.admin.residency_by_namespace().items()}
 
-    def _usage(self, tier: str):
+    def _usage(self, tier: Tier | str) -> TierUsage:
         stats = self.cache.stats()
-        return stats.device if tier == "device" else stats.host
+        return stats.device if Tier.parse_memory(tier) is Tier.DEVICE else stats.host
 
-    def evictable_pages(self, tier: str) -> int:
+    def evictable_pages(self, tier: Tier | str) -> int:
         return self._usage(tier).evictable_pages
 
-    def cached_pages(self, tier: str) -> int:
+    def cached_pages(self, tier: Tier | str) -> int:
         return self._usage(tier).cached_pages
 
-    def evict_memory(self, tier: str, num_pages: int) -> int:
-        return self.cache.evict(tier, num_pages)
+    def evict_memory(self, tier: Tier | str, num_pages: int) -> int:
+        return self.admin.evict(tier, num_pages)
 
-    def evict_memory_selected(self, tier: str, selection: MemorySelection, dry_run: bool) -> MemoryEviction:
-        return self.cache.evict_selected(tier, selection, dry_run=dry_run)
+    def evict_memory_selected(self, tier: Tier | str, selection: MemorySelection, dry_run: bool) -> MemoryEviction:
+        return self.admin.evict_selected(tier, selection, dry_run=dry_run)
 
-    def clear_memory(self, tier: str) -> int:
-        return self.cache.clear(tier)
+    def clear_memory(self, tier: Tier | str) -> int:
+        return self.admin.clear(tier)

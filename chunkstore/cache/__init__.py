@@ -9,10 +9,11 @@ from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
 from chunkstore.cache.pools import DevicePool, HostPool, PagePool, PoolExhaustedError, default_device
 from chunkstore.cache.radix import RadixTree
 from chunkstore.cache.radix_policy import EvictionPolicy
-from chunkstore.cache.radix_types import InsertResult, LockHandle, MatchResult, RadixNode, RadixStats, Tier
+from chunkstore.cache.radix_types import InsertResult, LockHandle, MatchResult, RadixNode, RadixStats
+from chunkstore.cache.tiers import MEMORY_TIERS, Tier
 
 __all__ = [
     "CacheConfig", "Compression", "DevicePool", "EvictionPolicy", "HostPool", "InsertResult", "KVLayout",
-    "LockHandle", "MatchResult", "PagePool", "PoolExhaustedError", "PoolSize", "PrefetchPolicy", "RadixNode",
-    "RadixStats", "RadixTree", "Tier", "WritePolicy", "add_cli_arguments", "default_device",
+    "LockHandle", "MEMORY_TIERS", "MatchResult", "PagePool", "PoolExhaustedError", "PoolSize", "PrefetchPolicy",
+    "RadixNode", "RadixStats", "RadixTree", "Tier", "WritePolicy", "add_cli_arguments", "default_device",
 ]

@@ -2,11 +2,12 @@
 memory tier (by count, or a selection: key, namespace, age), list what is resident, change the live
 settings.
 
-Invariants: these are methods of TieredCache (a base class, for one idea per file) and keep its
-invariants: they change residency only through the tree's eviction with the cache's own
-``on_evict`` rules (a copy the write policy keeps is written down first or stays), under the
-tree's lock, so a locked page never goes; a dry run changes nothing (not even the tree's shape);
-only ``LIVE_SETTINGS`` change while the cache runs, validated as a whole first.
+Invariants: ``CacheAdmin(cache)`` is an object over the cache's public methods and its tree (read
+and split under ``tree.lock``), never its privates; residency changes only through
+``TieredCache.evict_memory`` (the cache's own eviction rules: a copy the write policy keeps is
+written down first, through the tier controller, or stays), so a locked page never goes; a dry run
+changes nothing (not even the tree's shape); only ``LIVE_SETTINGS`` change while the cache runs,
+validated as a whole first.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chunkstore.cache.radix_policy import EvictionPolicy
-from chunkstore.cache.radix_types import RadixNode, Tier
+from chunkstore.cache.config import LIVE_SETTINGS
+from chunkstore.cache.radix_types import RadixNode
 from chunkstore.cache.stats import NamespaceLookups
+from chunkstore.cache.tiers import Tier
 
 if TYPE_CHECKING:
     from chunkstore.cache.config import CacheConfig
+    from chunkstore.cache.tiered import TieredCache
 
-# Settings that ``reconfigure`` may change while the cache runs: each is read afresh at every use.
-LIVE_SETTINGS = ("eviction_policy", "prefetch_policy", "prefetch_timeout_s", "write_through_threshold",
-                 "disk_load_host_share", "disk_size")
+__all__ = ["CacheAdmin", "DescendantsResidentError", "KeyNotResidentError", "LIVE_SETTINGS", "MemoryEviction",
+           "MemorySelection", "NamespaceResidency", "ResidentPage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +91,17 @@ class DescendantsResidentError(ValueError):
     """Evicting the page alone would leave pages extending it on the tier with no parent copy there."""
 
 
-class CacheAdministration:
-    """The operator's methods of TieredCache (mixed in; they use its tree, pools, store and lock)."""
+class CacheAdmin:
+    """The operator's operations on one running ``cache`` (also reachable as ``cache.admin``).
 
-    @property
-    def is_closed(self) -> bool:
-        return self._is_closed
+    Thread-safe: every operation takes the cache's tree lock (an RLock, so the cache's own
+    ``evict_memory`` inside one is fine). Tier arguments take a ``Tier`` or its name; anything but
+    a memory tier raises ValueError listing ``device, host``.
+    """
+
+    def __init__(self, cache: TieredCache) -> None:
+        self.cache = cache
+        self.tree = cache.tree
 
     def evict(self, tier: Tier | str, num_pages: int) -> int:
         """Evict at least ``num_pages`` unlocked pages from the ``device`` or ``host`` tier now (fewer
@@ -104,16 +111,10 @@ class CacheAdministration:
         tree's lock (for the length of a store put when a host page must be written down first).
         Returns the pages evicted, also counted in ``stats().evicted_pages``. Raises ValueError for
         another tier (the list of valid ones) or a negative count."""
-        tier = Tier.parse(tier)
+        tier = Tier.parse_memory(tier)
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
-        with self._lock:
-            if tier is Tier.DEVICE:
-                evicted = self.tree.evict_device(num_pages, on_evict=self._evict_device_node)
-            else:
-                evicted = self.tree.evict_host(num_pages, on_evict=self._evict_host_node)
-            self.counters.record_eviction(tier.value, evicted)
-        return evicted
+        return self.cache.evict_memory(tier, num_pages)
 
     def evict_selected(self, tier: Tier | str, selection: MemorySelection, *, dry_run: bool = False) -> MemoryEviction:
         """Evict the ``selection``'s unlocked pages from the ``device`` or ``host`` tier by the rules
@@ -125,62 +126,57 @@ class CacheAdministration:
         pages must be written down first). Raises ValueError for another tier, KeyNotResidentError
         for a key not on that tier, DescendantsResidentError for a key whose page has descendants on
         the tier without ``descendants``."""
-        tier = Tier.parse(tier)
-        with self._lock:
+        tier = Tier.parse_memory(tier)
+        with self.tree.lock:
             nodes, first = self._select_nodes(tier, selection)
-            selected = set(nodes)
-            t = tier.index
             if dry_run:
-                # A node can go once every node below it on the tier has: with locks reaching every
-                # ancestor, that is "unlocked, and no unselected node below it holds the tier".
-                blocked = {n for n in self.tree.iter_nodes() if n.holds(t) and n not in selected}
-                kept_above = set()
-                for n in blocked:
-                    up = n.parent
-                    while up is not None and up not in kept_above:
-                        kept_above.add(up)
-                        up = up.parent
-                can_go = [n for n in nodes if not n.is_locked and n not in kept_above]
-                pages = [(n, first.get(n, 0)) for n in can_go]
-                budget = math.inf if selection.num_pages is None else selection.num_pages
-                keys: list[bytes] = []
-                for n, start in sorted(pages, key=lambda p: (self.tree.policy.priority(p[0]), p[0].id)):
-                    if len(keys) >= budget:
-                        break
-                    keys.extend(n.keys[start:])
-                locked = sum(n.num_pages - first.get(n, 0) for n in nodes if n.is_locked)
-                total = sum(n.num_pages - first.get(n, 0) for n in nodes)
-                return MemoryEviction(len(keys), tuple(keys), locked, total - locked - len(keys))
+                return self._plan(tier, selection, nodes, first)
             for node, start in list(first.items()):  # by key: cut the pages before it off the node
                 if start:
                     self.tree.split(node, start)
             evicted_keys: list[bytes] = []
-            on_evict = self._evict_device_node if tier is Tier.DEVICE else self._evict_host_node
-
-            def evict_one(node: RadixNode) -> bool:
-                is_evicted = on_evict(node)
-                if is_evicted is not False:
-                    evicted_keys.extend(node.keys)
-                return is_evicted
-
             budget = selection.num_pages if selection.num_pages is not None else sum(n.num_pages for n in nodes)
-            evicted = self.tree.evict_selected(tier, budget, selected, on_evict=evict_one)
-            self.counters.record_eviction(tier.value, evicted)
-            left = [n for n in nodes if n.holds(t) and n.parent is not None]
+            evicted = self.cache.evict_memory(tier, budget, selected=set(nodes),
+                                              on_evicted=lambda node: evicted_keys.extend(node.keys))
+            left = [n for n in nodes if n.holds(tier) and n.parent is not None]
             locked = sum(n.num_pages for n in left if n.is_locked)
             kept = sum(n.num_pages for n in left if not n.is_locked)
         return MemoryEviction(evicted, tuple(evicted_keys), locked, kept)
 
+    def _plan(self, tier: Tier, selection: MemorySelection, nodes: list[RadixNode],
+              first: dict[RadixNode, int]) -> MemoryEviction:
+        """What ``evict_selected`` would take now (under the lock; changes nothing)."""
+        selected = set(nodes)
+        # A node can go once every node below it on the tier has: with locks reaching every
+        # ancestor, that is "unlocked, and no unselected node below it holds the tier".
+        blocked = {n for n in self.tree.iter_nodes() if n.holds(tier) and n not in selected}
+        kept_above = set()
+        for n in blocked:
+            up = n.parent
+            while up is not None and up not in kept_above:
+                kept_above.add(up)
+                up = up.parent
+        can_go = [n for n in nodes if not n.is_locked and n not in kept_above]
+        pages = [(n, first.get(n, 0)) for n in can_go]
+        budget = math.inf if selection.num_pages is None else selection.num_pages
+        keys: list[bytes] = []
+        for n, start in sorted(pages, key=lambda p: (self.tree.policy.priority(p[0]), p[0].id)):
+            if len(keys) >= budget:
+                break
+            keys.extend(n.keys[start:])
+        locked = sum(n.num_pages - first.get(n, 0) for n in nodes if n.is_locked)
+        total = sum(n.num_pages - first.get(n, 0) for n in nodes)
+        return MemoryEviction(len(keys), tuple(keys), locked, total - locked - len(keys))
+
     def _select_nodes(self, tier: Tier, selection: MemorySelection) -> tuple[list[RadixNode], dict[RadixNode, int]]:
         """The nodes holding ``tier`` that the selection names, and (by key) the first selected page
         of the key's node. Raises as ``evict_selected``."""
-        t = tier.index
         if selection.key is not None:
             found = self.tree.find_key(selection.key, selection.namespace)
-            if found is None or not found[0].holds(t):
+            if found is None or not found[0].holds(tier):
                 raise KeyNotResidentError(f"page {selection.key.hex()} is not on the {tier.value} tier")
             node, start = found
-            below = [n for n in self._subtree(node) if n is not node and n.holds(t)]
+            below = [n for n in _subtree(node) if n is not node and n.holds(tier)]
             if not selection.descendants and (start < node.num_pages - 1 or below):
                 num = node.num_pages - 1 - start + sum(n.num_pages for n in below)
                 raise DescendantsResidentError(
@@ -189,25 +185,17 @@ class CacheAdministration:
             return [node, *below], {node: start}
         clock = self.tree.clock_before(selection.older_than_s) if selection.older_than_s is not None else None
         nodes = [n for n in self.tree.iter_nodes(selection.namespace)
-                 if n.holds(t) and (clock is None or n.last_access < clock)]
+                 if n.holds(tier) and (clock is None or n.last_access < clock)]
         return nodes, {}
-
-    @staticmethod
-    def _subtree(node: RadixNode) -> list[RadixNode]:
-        out, stack = [], [node]
-        while stack:
-            n = stack.pop()
-            out.append(n)
-            stack.extend(n.children.values())
-        return out
 
     def clear(self, tier: Tier | str) -> int:
         """Evict every unlocked page of the ``device`` or ``host`` tier, as ``evict`` (pages locked
-        by requests or transfers stay). Returns the pages evicted."""
-        tier = Tier.parse(tier)
-        with self._lock:
+        by requests or transfers stay); clearing the host ends every prefetch hold first. Returns
+        the pages evicted."""
+        tier = Tier.parse_memory(tier)
+        with self.tree.lock:
             if tier is Tier.HOST:
-                self._holds.release_all()  # pages kept for queued requests go too: they load again
+                self.cache.release_prefetch_holds()  # pages kept for queued requests go too: they load again
             tree = self.tree.stats()
             return self.evict(tier, tree.device_pages if tier is Tier.DEVICE else tree.host_pages)
 
@@ -215,30 +203,29 @@ class CacheAdministration:
         """The chunk keys of the pages the tree holds on the ``device`` or ``host`` tier (of one
         namespace, or all). Changes nothing; walks the tree under its lock (O(nodes)). Raises
         ValueError for another tier."""
-        tier = Tier.parse(tier)
-        with self._lock:
-            return {k for node in self.tree.iter_nodes(namespace) if node.slots(tier) is not None
-                    for k in node.keys}
+        tier = Tier.parse_memory(tier)
+        with self.tree.lock:
+            return {k for node in self.tree.iter_nodes(namespace) if node.holds(tier) for k in node.keys}
 
     def resident_pages(self, tier: Tier | str, namespace: str | None = None) -> list[ResidentPage]:
         """The pages the tree holds on the ``device`` or ``host`` tier (of one namespace, or all),
         parents before children. Changes nothing; walks the tree under its lock (O(nodes + pages)).
         Raises ValueError for another tier."""
-        tier = Tier.parse(tier)
+        tier = Tier.parse_memory(tier)
         size = self.tree.page_size
-        with self._lock:
+        with self.tree.lock:
             return [ResidentPage(k, node.keys[i - 1] if i else node.parent_key, node.namespace, size)
-                    for node in self.tree.iter_nodes(namespace) if node.slots(tier) is not None
+                    for node in self.tree.iter_nodes(namespace) if node.holds(tier)
                     for i, k in enumerate(node.keys)]
 
     def lookups_by_namespace(self) -> dict[str, NamespaceLookups]:
         """Per namespace, its lookups, looked-up tokens and hit tokens since the cache started (the
         first ``MAX_COUNTED_NAMESPACES`` namespaces seen). Changes nothing; thread-safe."""
-        return self.counters.lookups_by_namespace()
+        return self.cache.counters.lookups_by_namespace()
 
     def residency_by_namespace(self) -> dict[str, NamespaceResidency]:
         """Per namespace, the pages the tree holds on each memory tier. Changes nothing; O(nodes)."""
-        with self._lock:
+        with self.tree.lock:
             counts: dict[str, list[int]] = {}
             for node in self.tree.iter_nodes():
                 c = counts.setdefault(node.namespace, [0, 0])
@@ -256,12 +243,18 @@ class CacheAdministration:
         if fixed:
             raise ValueError(f"{', '.join(fixed)} cannot change while the cache runs (restart with the new "
                              f"value); live settings: {', '.join(LIVE_SETTINGS)}")
-        if "disk_size" in changes and self.store is None:
+        if "disk_size" in changes and self.cache.store is None:
             raise ValueError("disk_size: this cache has no disk tier")
-        new = type(self.config)(**{**self.config.model_dump(), **changes})
-        with self._lock:
-            self.config = new
-            self.tree.policy = EvictionPolicy.parse(new.eviction_policy)
-            if "disk_size" in changes:
-                self.store.capacity_bytes = new.disk_capacity_bytes(self.layout)
+        config = self.cache.config
+        new = type(config)(**{**config.model_dump(), **changes})
+        self.cache.apply_live_config(new)
         return new
+
+
+def _subtree(node: RadixNode) -> list[RadixNode]:
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        out.append(n)
+        stack.extend(n.children.values())
+    return out

@@ -24,10 +24,13 @@ from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_si
 if TYPE_CHECKING:
     from chunkstore.cache.layout import KVLayout
 
-__all__ = ["CacheConfig", "ENV_PREFIX", "GB", "PoolSize", "SIZE_EXAMPLES", "add_cli_arguments", "env_name",
-           "flag_name"]
+__all__ = ["CacheConfig", "ENV_PREFIX", "GB", "LIVE_SETTINGS", "PoolSize", "SIZE_EXAMPLES", "add_cli_arguments",
+           "env_name", "flag_name"]
 
 ENV_PREFIX = "CHUNKSTORE_"
+# Settings that may change while the cache runs (CacheAdmin.reconfigure): each is read afresh at every use.
+LIVE_SETTINGS = ("eviction_policy", "prefetch_policy", "prefetch_timeout_s", "write_through_threshold",
+                 "disk_load_host_share", "disk_size")
 _METAVARS = {"page_size": "TOKENS", "host_ratio": "RATIO", "disk_path": "DIR", "disk_ratio": "RATIO",
              "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS",
              "prefetch_host_share": "SHARE", "prefetch_hold_s": "SECONDS"}

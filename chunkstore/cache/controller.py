@@ -1,10 +1,12 @@
 """TierController: one worker thread and one queue per transfer path; it moves bytes and reports acks.
 
-Invariants: the controller never touches the radix tree; it runs an operation's copy and hands
-every outcome, success or failure, to the cache as an ``Ack`` (so a slot is never left owned by
-nobody and a page is never marked present by a failed copy); an operation's ``done`` is set only
-after its last ack was applied; a worker survives any error of one operation. On CUDA, the two
-copy paths run on their own streams, ordered after the compute that wrote the pages.
+Invariants: the controller never touches the radix tree; every copy between tiers runs here (on
+a worker, or on the caller's thread with ``run_now``) and hands every outcome, success or failure,
+to the cache as an ``Ack`` (so a slot is never left owned by nobody and a page is never marked
+present by a failed copy); the controller's ``InFlight`` registry is the one record of work in
+flight: an operation is in it from submission until its last ack was applied, and its ``done`` is
+set only then; a worker survives any error of one operation. On CUDA, the two copy paths run on
+their own streams, ordered after the compute that wrote the pages.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from chunkstore.cache.ops import (
     Ack, BackupOp, LoadBackOp, PersistOp, PrefetchOp, TransferOp, TransferPath,
 )
 from chunkstore.cache.pools import PagePool
+from chunkstore.cache.tiers import Tier
 from chunkstore.disk.store import ChunkStore
 
 log = logging.getLogger(__name__)
@@ -28,14 +31,78 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFETCH_BATCH_PAGES = 128  # pages per store read batch: as the store benchmark's batches
 
 
+class InFlight:
+    """The operations submitted and not finished yet, by path and by page key.
+
+    An operation is added at submission and finished once its last ack was applied: its keys
+    leave the registry, then ``done`` is set (so a caller that sees ``done`` never finds the op
+    here), then waiters of ``wait_idle`` wake. A key maps to the newest op of its path that covers
+    it, and to the one before once that one finishes. Thread-safe; its lock is a leaf (held for dict updates only, never while calling out), so
+    the cache may ask it under the tree's lock.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._ops: dict[TransferPath, set[TransferOp]] = {p: set() for p in TransferPath}
+        # per path, per key: the ops covering it, oldest first (almost always one)
+        self._by_key: dict[TransferPath, dict[bytes, list[TransferOp]]] = {p: {} for p in TransferPath}
+
+    def add(self, op: TransferOp) -> None:
+        with self._changed:
+            self._ops[op.path].add(op)
+            by_key = self._by_key[op.path]
+            for key in op.keys:
+                by_key.setdefault(key, []).append(op)
+
+    def finish(self, op: TransferOp) -> None:
+        """Drop ``op`` (a no-op when it is not here), set its ``done`` and wake the idle waiters."""
+        with self._changed:
+            if op in self._ops[op.path]:
+                self._ops[op.path].discard(op)
+                by_key = self._by_key[op.path]
+                for key in op.keys:
+                    ops = by_key[key]
+                    ops.remove(op)
+                    if not ops:
+                        del by_key[key]
+            op.done.set()
+            if self.num_ops == 0:
+                self._changed.notify_all()
+
+    def op_for(self, path: TransferPath, key: bytes) -> TransferOp | None:
+        """The op of ``path`` in flight that covers the page ``key``, or None."""
+        with self._changed:
+            ops = self._by_key[path].get(key)
+            return ops[-1] if ops else None
+
+    def covers(self, path: TransferPath, key: bytes) -> bool:
+        return self.op_for(path, key) is not None
+
+    @property
+    def num_ops(self) -> int:
+        """Operations in flight, all paths."""
+        return sum(len(ops) for ops in self._ops.values())
+
+    def depths(self) -> dict[TransferPath, int]:
+        """Operations in flight per path."""
+        with self._changed:
+            return {p: len(ops) for p, ops in self._ops.items()}
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until no operation is in flight; False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.num_ops == 0, timeout_s)
+
+
 class _Worker:
-    """One thread draining one queue; each op's acks go to ``on_ack`` in order."""
+    """One thread draining one queue; each op's acks go to ``on_ack`` in order, and the last one
+    finishes the op in ``in_flight``."""
 
     def __init__(self, path: TransferPath, run: Callable[[TransferOp], Iterator[Ack]],
-                 on_ack: Callable[[Ack], None], on_finished: Callable[[TransferOp], None]) -> None:
+                 on_ack: Callable[[Ack], None], in_flight: InFlight) -> None:
         self.path = path
         self.queue: queue.Queue[TransferOp | None] = queue.Queue()
-        self._run, self._on_ack, self._on_finished = run, on_ack, on_finished
+        self._run, self._on_ack, self._in_flight = run, on_ack, in_flight
         self.thread = threading.Thread(target=self._loop, name=f"chunkstore-{path.value}", daemon=True)
         self.thread.start()
 
@@ -47,8 +114,7 @@ class _Worker:
             try:
                 self._execute(op)
             finally:
-                op.done.set()
-                self._on_finished(op)
+                self._in_flight.finish(op)  # already done after its last ack; here for a bug's sake
 
     def _execute(self, op: TransferOp) -> None:
         is_finished = False
@@ -66,19 +132,26 @@ class _Worker:
             self.deliver(Ack(op, op.num_acked_pages, (False,) * rest, 0, 0.0, True, op.error or "stopped"))
 
     def deliver(self, ack: Ack) -> None:
-        ack.op.num_acked_pages = ack.start_page + len(ack.ok)
+        op = ack.op
+        op.num_acked_pages = ack.start_page + len(ack.ok)
+        op.num_failed_pages += len(ack.ok) - ack.num_ok
         try:
             self._on_ack(ack)
         except Exception:  # the cache's bug must not kill the worker (nor hang the waiters)
             log.exception("applying an ack of %s failed", self.path.value)
+        finally:
+            if ack.is_last:
+                self._in_flight.finish(op)
 
 
 class TierController:
     """Runs transfers between the device pool, the host pool and the store on four worker threads.
 
     ``on_ack(ack)`` is called on the worker's thread for every outcome (the cache applies it under
-    its own lock). ``store`` may be None (no disk tier: nothing may be submitted to the disk paths).
-    Thread-safe.
+    its own lock; an op with ``is_applied_by_caller`` is applied by whoever waits for it instead).
+    ``in_flight`` is the registry of the ops not finished yet, which the cache asks before it
+    starts a copy. ``store`` may be None (no disk tier: nothing may be submitted to the disk
+    paths). Thread-safe.
     """
 
     def __init__(self, device_pool: PagePool, host_pool: PagePool, store: ChunkStore | None,
@@ -91,9 +164,8 @@ class TierController:
         uses_cuda = device_pool.device.type == "cuda"
         self._streams = {p: torch.cuda.Stream(device_pool.device) if uses_cuda else None
                          for p in (TransferPath.DEVICE_TO_HOST, TransferPath.HOST_TO_DEVICE)}
-        self._pending = 0
-        self._pending_by_path = dict.fromkeys(TransferPath, 0)  # counted with _pending, under _idle
-        self._idle = threading.Condition()
+        self.in_flight = InFlight()
+        self._submitting = threading.Lock()  # orders submissions against close's stop markers
         self._is_closed = False
         runs = {
             TransferPath.DEVICE_TO_HOST: self._backup,
@@ -101,76 +173,63 @@ class TierController:
             TransferPath.DISK_TO_HOST: self._prefetch,
             TransferPath.HOST_TO_DEVICE: self._load_back,
         }
-        self._workers = {p: _Worker(p, run, on_ack, self._finished) for p, run in runs.items()}
+        self._workers = {p: _Worker(p, run, on_ack, self.in_flight) for p, run in runs.items()}
 
     # -- submission and waiting --------------------------------------------------------------------
 
     def submit(self, op: TransferOp) -> None:
-        """Queue ``op`` on its path's worker. After ``close`` the op fails at once, on this thread:
-        its failure ack is delivered (so the cache frees what the op owned) and ``done`` is set.
-        Raises ValueError for a disk path without a store."""
-        if op.path in (TransferPath.HOST_TO_DISK, TransferPath.DISK_TO_HOST) and self.store is None:
+        """Queue ``op`` on its path's worker; it is in ``in_flight`` from now until its last ack was
+        applied. After ``close`` the op fails at once, on this thread: its failure ack is delivered
+        (so the cache frees what the op owned) and ``done`` is set. Never waits (the cache submits
+        under its lock). Raises ValueError for a disk path without a store."""
+        if Tier.DISK in (op.path.source, op.path.destination) and self.store is None:
             raise ValueError(f"{op.path.value} needs a disk tier")
-        with self._idle:
+        self.in_flight.add(op)
+        with self._submitting:
             is_closed = self._is_closed
             if not is_closed:
-                self._pending += 1
-                self._pending_by_path[op.path] += 1
+                self._workers[op.path].queue.put(op)  # unbounded: never blocks
         if is_closed:
             op.error = "the tier controller is closed"
             self._workers[op.path].deliver(Ack(op, 0, (False,) * op.num_pages, 0, 0.0, True, op.error))
-            op.done.set()
-            return
-        self._workers[op.path].queue.put(op)
 
     def run_now(self, op: TransferOp) -> None:
         """Run ``op`` on the calling thread, acks and all, as its worker would; ``done`` is set on
-        return. For a copy the caller would only wait for: on a CPU pool, handing it to a worker
-        costs two thread switches (each up to the interpreter's switch interval when other
-        threads hold the GIL) and overlaps nothing."""
-        with self._idle:
-            self._pending += 1
-            self._pending_by_path[op.path] += 1
-        worker = self._workers[op.path]
+        return, and ``op.num_failed_pages`` says how it went. For a copy the caller would only wait
+        for: on a CPU pool, handing it to a worker costs two thread switches (each up to the
+        interpreter's switch interval when other threads hold the GIL) and overlaps nothing; and
+        for the copy an eviction makes under the cache's lock (``is_applied_by_caller``), which
+        must not wait for a worker. Works after ``close`` too (it needs no thread)."""
+        self.in_flight.add(op)
         try:
-            worker._execute(op)
+            self._workers[op.path]._execute(op)
         finally:
-            op.done.set()
-            self._finished(op)
-
-    def _finished(self, op: TransferOp) -> None:
-        with self._idle:
-            self._pending -= 1
-            self._pending_by_path[op.path] -= 1
-            if self._pending == 0:
-                self._idle.notify_all()
+            self.in_flight.finish(op)
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until no operation is queued or running (acks applied); False on timeout.
 
         Never call it while holding the cache's lock: applying acks takes that lock.
         """
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+        return self.in_flight.wait_idle(timeout_s)
 
     @property
     def num_pending(self) -> int:
         """Operations submitted whose last ack has not been applied yet."""
-        return self._pending
+        return self.in_flight.num_ops
 
     def queue_depths(self) -> dict[str, int]:
-        """Operations queued or running, per path."""
-        with self._idle:  # counted at submit and at the last ack: never 0 while a worker holds an op
-            return {p.value: n for p, n in self._pending_by_path.items()}
+        """Operations queued or running, per path (by its value)."""
+        return {p.value: n for p, n in self.in_flight.depths().items()}
 
     def close(self, timeout_s: float | None = None) -> None:
         """Finish what is queued, then stop the threads. Idempotent."""
-        with self._idle:
+        with self._submitting:
             if self._is_closed:
                 return
             self._is_closed = True
-        for w in self._workers.values():
-            w.queue.put(None)
+            for w in self._workers.values():
+                w.queue.put(None)
         for w in self._workers.values():
             w.thread.join(timeout_s)
 

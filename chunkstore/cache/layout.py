@@ -3,7 +3,9 @@
 Invariants: a layout is valid from construction on (positive integer dimensions, a dtype that the
 store and this torch both know); pages are page-first, ``(num_layers, 2, page_size, num_kv_heads,
 head_dim)``, so one page of all layers is one contiguous block = one chunk of the store, copied to
-and from disk without reshuffling; a layout equals the page shape of the identity it came from.
+and from disk without reshuffling. The cache derives its layout from the model identity
+(``from_identity``), the one source of the page's shape and dtype: there is no second copy to check
+against it. Constructing one by hand is for pool tests and size arithmetic.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ class KVLayout:
 
     @classmethod
     def from_identity(cls, identity: ModelIdentity) -> "KVLayout":
-        """The layout of the pages that ``identity`` keys (same shape, dtype and page size)."""
+        """The layout of the pages that ``identity`` keys (same shape, dtype and page size): how
+        TieredCache gets its layout."""
         return cls(
             num_layers=identity.num_layers,
             num_kv_heads=identity.num_kv_heads,
@@ -59,10 +62,6 @@ class KVLayout:
             dtype=identity.kv_dtype,
             page_size=identity.page_size,
         )
-
-    def matches(self, identity: ModelIdentity) -> bool:
-        """Whether pages of this layout are the pages ``identity`` stores (shape and dtype)."""
-        return self.page_shape == identity.page_shape and self.dtype == identity.kv_dtype
 
     @property
     def page_shape(self) -> tuple[int, int, int, int, int]:

@@ -4,7 +4,9 @@ Invariants: an operation owns the destination slots it names from submission unt
 acknowledgement is applied (then the cache hands each slot to the tree or frees it); an operation
 that reads tree-held pages holds a lock on them (``anchor``) so they are neither evicted nor freed
 while it runs; an acknowledgement covers a contiguous run of the operation's pages and says per
-page whether it succeeded. Nothing here moves bytes: controller.py does.
+page whether it succeeded; an operation ``is_applied_by_caller`` (a load-back, an eviction's copy)
+is applied by the thread that waits for it, every other by the cache's ack handler. Nothing here
+moves bytes: controller.py does, and its ``InFlight`` registry records what is in flight.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from chunkstore.cache.policies import PolicyEnum
 from chunkstore.cache.radix_types import LockHandle, RadixNode
+from chunkstore.cache.tiers import Tier
 from chunkstore.disk.keys import PageRef
 
 
@@ -28,16 +31,28 @@ class TransferPath(PolicyEnum):
     DISK_TO_HOST = "disk_to_host"  # prefetch
     HOST_TO_DEVICE = "host_to_device"  # load-back
 
+    @property
+    def source(self) -> Tier:
+        return Tier(self.value.split("_to_")[0])
+
+    @property
+    def destination(self) -> Tier:
+        return Tier(self.value.split("_to_")[1])
+
 
 @dataclass(eq=False)
 class TransferOp:
-    """Common part of every operation: its pages' keys and the completion flag the cache waits on."""
+    """Common part of every operation: its pages' keys and the completion flag the cache waits on.
+    ``is_applied_by_caller``: the acks only count in the stats; the thread that runs or waits for
+    the op applies its outcome (``num_failed_pages == 0``: every page landed)."""
 
     keys: tuple[bytes, ...]
+    is_applied_by_caller: bool = False
     submitted_at: float = field(default_factory=time.perf_counter, init=False)
     done: threading.Event = field(default_factory=threading.Event, init=False)  # after the last ack
     error: str | None = field(default=None, init=False)  # set when any page failed for a reason
     num_acked_pages: int = field(default=0, init=False)  # progress: pages acknowledged so far
+    num_failed_pages: int = field(default=0, init=False)  # of those, the pages that failed
 
     path: TransferPath = field(init=False)
 
@@ -52,7 +67,8 @@ class BackupOp(TransferOp):
 
     device_slots: torch.Tensor = None
     host_slots: torch.Tensor = None
-    anchor: LockHandle | None = None  # lock on the node whose pages these are
+    anchor: LockHandle | None = None  # lock on the node whose pages these are (None: an eviction's
+    # copy, run with run_now under the tree's lock, which keeps the pages in place instead)
     ready: "torch.cuda.Event | None" = None  # recorded after the compute that wrote the pages
 
     def __post_init__(self) -> None:
@@ -101,6 +117,7 @@ class LoadBackOp(TransferOp):
 
     def __post_init__(self) -> None:
         self.path = TransferPath.HOST_TO_DEVICE
+        self.is_applied_by_caller = True  # the caller of TieredCache._load_back waits for it
 
 
 @dataclass(frozen=True, slots=True)

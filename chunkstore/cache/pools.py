@@ -43,8 +43,10 @@ class PagePool:
 
     ``pin_memory`` pins a CPU pool (page-locked, for asynchronous copies to CUDA) when CUDA is
     available and is ignored otherwise. Slots are int64 CPU tensors (a sequence of ints is also
-    accepted wherever slots are taken). Allocation and free are thread-safe (one lock per pool);
-    reads and writes of pages are not serialised: the caller that allocated a slot owns its bytes.
+    accepted wherever slots are taken). Allocation and free are thread-safe (one lock per pool,
+    ``lock``: held by allocate, free and the slot checks of every copy; public so that a caller can
+    hold the pool still, as the tests do to keep transfers waiting); reads and writes of pages are
+    not serialised: the caller that allocated a slot owns its bytes.
     """
 
     def __init__(self, layout: KVLayout, num_pages: int, *, device: torch.device | str | None = None,
@@ -68,7 +70,7 @@ class PagePool:
                                   device=device, pin_memory=self.is_pinned)
         self.device = self.buffer.device  # "cuda" resolved to "cuda:N"
         self._prefaulter = Prefaulter(self.buffer) if self.device.type == "cpu" and not self.is_pinned else None
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # a leaf lock: nothing is called while it is held
         self._free = torch.arange(num_pages, dtype=torch.int64)
         self._allocated = torch.zeros(num_pages, dtype=torch.bool)
 
@@ -115,7 +117,7 @@ class PagePool:
         num_pages = operator.index(num_pages)
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
-        with self._lock:
+        with self.lock:
             if num_pages > self._free.numel():
                 raise PoolExhaustedError(
                     f"{num_pages} pages asked, {self._free.numel()} of {self.capacity_pages} free")
@@ -130,17 +132,22 @@ class PagePool:
         (a double free).
         """
         idx = self._slots(slots, unique=True)
-        with self._lock:
+        with self.lock:
             not_allocated = idx[~self._allocated[idx]]
             if not_allocated.numel():
                 raise ValueError(f"double free: slots {not_allocated[:8].tolist()} are not allocated")
             self._allocated[idx] = False
             self._free = torch.cat([self._free, idx])  # copies: the caller may reuse its tensor
 
+    def free_list(self) -> torch.Tensor:
+        """A copy of the free slots, in the order ``allocate`` hands them out (for checks)."""
+        with self.lock:
+            return self._free.clone()
+
     def is_allocated(self, slots: SlotsLike) -> torch.Tensor:
         """Bool per slot: whether it is allocated now."""
         idx = self._slots(slots)
-        with self._lock:
+        with self.lock:
             return self._allocated[idx].clone()
 
     # -- pages -----------------------------------------------------------------------------------
@@ -262,7 +269,7 @@ class PagePool:
         if unique and torch.unique(idx).numel() != idx.numel():
             raise ValueError("slots repeat")
         if check_allocated:
-            with self._lock:
+            with self.lock:
                 unallocated = idx[~self._allocated[idx]]
             if unallocated.numel():
                 raise ValueError(f"slots {unallocated[:8].tolist()} are not allocated")

@@ -20,7 +20,7 @@ import torch
 
 from chunkstore.cache.radix_policy import EvictionCandidates, EvictionPolicy, evict_by_priority
 from chunkstore.cache.radix_types import (
-    _DEVICE, _HOST, InsertResult, LockHandle, MatchResult, RadixNode, RadixStats, Slots, Tier, TokenIds,
+    MEMORY_TIERS, InsertResult, LockHandle, MatchResult, RadixNode, RadixStats, Slots, Tier, TokenIds,
     _as_slots, _as_tokens, _cat,
 )
 from chunkstore.disk.identity import ModelIdentity
@@ -30,15 +30,14 @@ from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_keys, encode_tokens, r
 # go): enough to tell which nodes were last accessed longer ago than a duration (``clock_before``).
 _TICK_SAMPLE_S = 1.0
 _MAX_TICK_SAMPLES = 86_400
-_now = time.monotonic  # (tests replace it)
 
 
-def _is_kept(node: RadixNode, t: int) -> bool:
-    """Whether a lock keeps ``node``'s copy on tier index ``t`` from eviction. A lock keeps what its
+def _is_kept(node: RadixNode, tier: Tier) -> bool:
+    """Whether a lock keeps ``node``'s copy on the memory tier ``tier`` from eviction. A lock keeps what its
     holder reads: the device copy, and the host copy only while the node has no device copy (a
     load-back in flight, a prefetch's anchor). Once on the device too, the host copy is a spare
     that host eviction may take (a load-back sets the device slots only after its copy landed)."""
-    return node.lock_ref > 0 and node.holds(t) and (t == _DEVICE or node.device_slots is None)
+    return node.lock_ref > 0 and node.holds(tier) and (tier is Tier.DEVICE or node.device_slots is None)
 
 
 class RadixTree:
@@ -48,8 +47,12 @@ class RadixTree:
     of the nodes and results it gets back. The tree itself never takes it.
     """
 
-    def __init__(self, identity: ModelIdentity, policy: EvictionPolicy | str = EvictionPolicy.LRU) -> None:
+    def __init__(self, identity: ModelIdentity, policy: EvictionPolicy | str = EvictionPolicy.LRU, *,
+                 clock_s: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
+        # Seconds on a monotonic clock, sampled as the logical clock ticks (clock_before): passed in
+        # (or set) by tests that age the tree without waiting.
+        self.clock_s = clock_s
         self.page_size = identity.page_size
         self.policy = EvictionPolicy.parse(policy)
         self.lock = threading.RLock()
@@ -59,8 +62,8 @@ class RadixTree:
         self._clock = 0
         self._tick_times: deque[tuple[int, float]] = deque(maxlen=_MAX_TICK_SAMPLES)  # (clock, monotonic s)
         self._num_nodes = 0
-        self._pages = [0, 0]  # per tier index
-        self._locked_pages = [0, 0]
+        self._pages: dict[Tier, int] = dict.fromkeys(MEMORY_TIERS, 0)
+        self._locked_pages: dict[Tier, int] = dict.fromkeys(MEMORY_TIERS, 0)
         self._persisted_pages = 0
         self._candidates = EvictionCandidates()
 
@@ -136,7 +139,7 @@ class RadixTree:
 
     def _tick(self) -> None:
         self._clock += 1
-        now = _now()
+        now = self.clock_s()
         if not self._tick_times or now - self._tick_times[-1][1] >= _TICK_SAMPLE_S:
             self._tick_times.append((self._clock, now))
 
@@ -146,7 +149,7 @@ class RadixTree:
         0 when no access is known to be that old. Changes nothing."""
         # Ticks after the sample (c, t) and before the next sample came within a second of t.
         samples = self._tick_times
-        i = bisect.bisect_right([t for _, t in samples], _now() - age_s - _TICK_SAMPLE_S)
+        i = bisect.bisect_right([t for _, t in samples], self.clock_s() - age_s - _TICK_SAMPLE_S)
         if i == 0:
             return 0
         return samples[i][0] if i < len(samples) else self._clock + 1
@@ -210,7 +213,7 @@ class RadixTree:
         self._tick()
         if root is None:
             root = self._roots[namespace] = RadixNode(0, namespace, (), (), rkey, None, self._clock)
-        unneeded: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        unneeded: dict[Tier, list[torch.Tensor]] = {tier: [] for tier in MEMORY_TIERS}
         keys: tuple[bytes, ...] = ()
         node, page, last_pages = root, 0, 0
         for child, k in path:
@@ -238,7 +241,7 @@ class RadixTree:
             last_pages = node.num_pages
         return InsertResult(
             namespace=namespace, num_pages=num_pages, num_new_pages=num_pages - num_old, keys=keys,
-            unneeded_device_slots=_cat(unneeded[_DEVICE]), unneeded_host_slots=_cat(unneeded[_HOST]),
+            unneeded_device_slots=_cat(unneeded[Tier.DEVICE]), unneeded_host_slots=_cat(unneeded[Tier.HOST]),
             last_node=node, last_node_pages=last_pages,
         )
 
@@ -249,7 +252,7 @@ class RadixTree:
 
     def _fill(
         self, node: RadixNode, page: int, k: int, dev: torch.Tensor | None, host: torch.Tensor | None,
-        persisted: bool, unneeded: tuple[list[torch.Tensor], list[torch.Tensor]],
+        persisted: bool, unneeded: dict[Tier, list[torch.Tensor]],
     ) -> None:
         for tier, given in ((Tier.DEVICE, dev), (Tier.HOST, host)):
             if given is None:
@@ -259,7 +262,7 @@ class RadixTree:
             if held is None:
                 self._set_slots(node, tier, offered.clone())  # k == num_pages here: a fill splits first
             elif not torch.equal(offered, held[:k]):  # the usual case: the match's own slots back
-                unneeded[tier.index].append(offered[offered != held[:k]])
+                unneeded[tier].append(offered[offered != held[:k]])
         if persisted and not node.persisted:
             self._set_persisted(node, True)
 
@@ -342,9 +345,9 @@ class RadixTree:
             self._prune(handle.node)
 
     def _count_locked(self, node: RadixNode, sign: int) -> None:
-        for t in (_DEVICE, _HOST):
-            if _is_kept(node, t):
-                self._locked_pages[t] += sign * node.num_pages
+        for tier in MEMORY_TIERS:
+            if _is_kept(node, tier):
+                self._locked_pages[tier] += sign * node.num_pages
 
     # ---- residency: the tier controller's acknowledgements ---------------------------------------
 
@@ -396,9 +399,8 @@ class RadixTree:
         node.set_slots(tier, slots)
         if node.lock_ref:
             self._count_locked(node, +1)
-        t = tier.index
-        self._pages[t] += (1 if slots is not None else -1) * node.num_pages
-        self._candidates.held_changed(node, t)
+        self._pages[tier] += (1 if slots is not None else -1) * node.num_pages
+        self._candidates.held_changed(node, tier)
         return previous
 
     def _prune(self, node: RadixNode) -> None:
@@ -424,7 +426,7 @@ class RadixTree:
 
     def _evictable(self, tier: Tier, policy: EvictionPolicy | str | None) -> list[RadixNode]:
         chosen = self.policy if policy is None else EvictionPolicy.parse(policy)
-        nodes = [n for n in self._candidates.of(tier.index) if not _is_kept(n, tier.index)]
+        nodes = [n for n in self._candidates.of(tier) if not _is_kept(n, tier)]
         return sorted(nodes, key=lambda n: (chosen.priority(n), n.id))
 
     def evict_device(
@@ -464,7 +466,7 @@ class RadixTree:
         on_evict: Callable[[RadixNode], None] | None, is_selected: Callable[[RadixNode], bool] | None = None,
     ) -> int:
         chosen = self.policy if policy is None else EvictionPolicy.parse(policy)
-        t = tier.index
+        t = Tier.parse_memory(tier)
         if num_pages <= 0:
             return 0
 
@@ -477,7 +479,7 @@ class RadixTree:
                 return 0, None  # the controller keeps this copy (it could not be backed up)
             num_node_pages = node.num_pages
             if node.holds(t):
-                self._set_slots(node, tier, None)
+                self._set_slots(node, t, None)
             up = node.parent  # found before pruning: a removed node forgets its parent
             while up is not None and not up.holds(t):
                 up = up.parent
@@ -521,8 +523,9 @@ class RadixTree:
         """The counters as kept incrementally (O(1)); take ``lock`` for a snapshot consistent with others."""
         return RadixStats(
             page_size=self.page_size, num_namespaces=len(self._roots), num_nodes=self._num_nodes,
-            device_pages=self._pages[_DEVICE], host_pages=self._pages[_HOST], persisted_pages=self._persisted_pages,
-            locked_device_pages=self._locked_pages[_DEVICE], locked_host_pages=self._locked_pages[_HOST],
-            evictable_device_pages=self._pages[_DEVICE] - self._locked_pages[_DEVICE],
-            evictable_host_pages=self._pages[_HOST] - self._locked_pages[_HOST],
+            device_pages=self._pages[Tier.DEVICE], host_pages=self._pages[Tier.HOST],
+            persisted_pages=self._persisted_pages,
+            locked_device_pages=self._locked_pages[Tier.DEVICE], locked_host_pages=self._locked_pages[Tier.HOST],
+            evictable_device_pages=self._pages[Tier.DEVICE] - self._locked_pages[Tier.DEVICE],
+            evictable_host_pages=self._pages[Tier.HOST] - self._locked_pages[Tier.HOST],
         )

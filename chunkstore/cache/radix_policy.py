@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from chunkstore.cache.policies import PolicyEnum
 
+from chunkstore.cache.tiers import MEMORY_TIERS, Tier
+
 if TYPE_CHECKING:
     from chunkstore.cache.radix_types import RadixNode
 
@@ -44,7 +46,7 @@ _PRIORITIES: dict[EvictionPolicy, Callable[[RadixNode], tuple]] = {
 
 
 class EvictionCandidates:
-    """Per tier (0 device, 1 host): the nodes that hold a copy there with no copy below them.
+    """Per memory tier: the nodes that hold a copy there with no copy below them.
 
     Each node keeps ``below[t]``: how many of its children hold tier t themselves or somewhere under
     them. A change of one node's residency walks up only while an ancestor's answer to "does my
@@ -52,12 +54,12 @@ class EvictionCandidates:
     """
 
     def __init__(self) -> None:
-        self._sets: tuple[set[RadixNode], set[RadixNode]] = (set(), set())
+        self._sets: dict[Tier, set[RadixNode]] = {tier: set() for tier in MEMORY_TIERS}
 
-    def of(self, t: int) -> set[RadixNode]:
+    def of(self, t: Tier) -> set[RadixNode]:
         return self._sets[t]
 
-    def held_changed(self, node: RadixNode, t: int) -> None:
+    def held_changed(self, node: RadixNode, t: Tier) -> None:
         """Call after ``node`` gained or lost its copy on tier t (not for a change of slots only)."""
         is_held = node.holds(t)
         members = self._sets[t]
@@ -87,7 +89,7 @@ class EvictionCandidates:
 
         So ``upper`` is a candidate of no tier, ``lower`` keeps its membership, and no ancestor changes.
         """
-        for t in (0, 1):
+        for t in MEMORY_TIERS:
             upper.below[t] = 1 if (lower.holds(t) or lower.below[t]) else 0
 
 

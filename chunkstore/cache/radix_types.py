@@ -12,25 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from chunkstore.cache.policies import PolicyEnum
+from chunkstore.cache.tiers import MEMORY_TIERS, Tier
 from chunkstore.disk.keys import PageRef
 
 TokenIds = Sequence[int] | torch.Tensor
 Slots = torch.Tensor | Sequence[int]
 
 
-class Tier(PolicyEnum):
-    """The tiers whose pages the tree holds slots for (the disk tier is found by key, not by slot)."""
-
-    DEVICE = "device"
-    HOST = "host"
-
-    @property
-    def index(self) -> int:
-        return 0 if self is Tier.DEVICE else 1
-
-
-_DEVICE, _HOST = Tier.DEVICE.index, Tier.HOST.index
+__all__ = ["MEMORY_TIERS", "Tier"]  # re-exported: the tree's tiers are the cache's (tiers.py)
 
 
 class RadixNode:
@@ -58,7 +47,8 @@ class RadixNode:
         self.hit_count = 0
         self.parent = parent  # None for a root and for a node removed from the tree
         self.children: dict[tuple[int, ...], RadixNode] = {}  # by the first page's token ids
-        self.below = [0, 0]  # per tier: children holding that tier in their subtree (EvictionCandidates)
+        # per memory tier: children holding that tier in their subtree (EvictionCandidates)
+        self.below: dict[Tier, int] = {Tier.DEVICE: 0, Tier.HOST: 0}
 
     @property
     def num_pages(self) -> int:
@@ -94,18 +84,29 @@ class RadixNode:
         return self.keys[-1] if self.keys else self.parent_key
 
     def slots(self, tier: Tier) -> torch.Tensor | None:
-        return self.device_slots if tier is Tier.DEVICE else self.host_slots
+        """The node's slots on a memory tier, or None. Raises ValueError for the disk tier."""
+        if tier is Tier.DEVICE:
+            return self.device_slots
+        if tier is Tier.HOST:
+            return self.host_slots
+        raise ValueError(f"the {tier.value} tier has no slots (found by key in the store)")
 
     def set_slots(self, tier: Tier, slots: torch.Tensor | None) -> None:
         """Only for RadixTree, which keeps its counters in step."""
         if tier is Tier.DEVICE:
             self.device_slots = slots
-        else:
+        elif tier is Tier.HOST:
             self.host_slots = slots
+        else:
+            raise ValueError(f"the {tier.value} tier has no slots (found by key in the store)")
 
-    def holds(self, t: int) -> bool:
-        """Whether the node has a copy on tier index ``t`` (``Tier.index``)."""
-        return (self.device_slots if t == _DEVICE else self.host_slots) is not None
+    def holds(self, tier: Tier) -> bool:
+        """Whether the node has a copy on ``tier`` (the disk tier: acknowledged as persisted)."""
+        if tier is Tier.DEVICE:
+            return self.device_slots is not None
+        if tier is Tier.HOST:
+            return self.host_slots is not None
+        return self.persisted
 
     def pages(self) -> list[PageRef]:
         return _pages_of(self.token_ids, self.keys, self.parent_key, self.namespace)

@@ -2,7 +2,8 @@
 
 Invariants: counters only grow (a snapshot minus an earlier one is the activity between them);
 every update and every snapshot happens under one lock, so a snapshot is never half of an update;
-snapshots are plain dataclasses of numbers and strings (``as_dict`` gives JSON-ready data);
+snapshots are plain dataclasses of numbers and strings (tiers and paths are str enums, keyed as
+their names; ``as_dict`` gives JSON-ready data);
 latency histograms have fixed bucket bounds (``LATENCY_BUCKETS_S``), so recording one costs a
 bisect and a tuple copy.
 """
@@ -16,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from chunkstore.cache.ops import Ack, TransferPath
+from chunkstore.cache.tiers import ALL_TIERS, MEMORY_TIERS, Tier
 
-HIT_TIERS = ("device", "host", "disk")
+HIT_TIERS: tuple[Tier, ...] = ALL_TIERS  # where a used cached token was found: device, host, disk
 # Upper bounds (seconds) of the latency buckets: transfers (sub-millisecond to seconds) and requests.
 # Namespaces counted one by one (lookups by namespace); lookups in namespaces beyond these count
 # in the totals only, so a client inventing namespaces cannot grow the counters without bound.
@@ -129,10 +131,10 @@ class CacheStats:
     disk: DiskUsage | None  # None without a disk tier
     lookups: int  # match calls
     lookup_tokens: int  # tokens asked for (the requests' lengths)
-    hit_tokens: dict[str, int]  # used cached tokens by the tier they were found on
+    hit_tokens: dict[Tier, int]  # used cached tokens by the tier they were found on (a str enum key)
     paths: dict[str, PathStats]  # by TransferPath value
     queue_depths: dict[str, int]  # queued or running operations, by TransferPath value
-    evicted_pages: dict[str, int]  # device, host
+    evicted_pages: dict[Tier, int]  # device, host
     backups_skipped: int  # write-throughs not done for want of host room
 
     @property
@@ -141,6 +143,8 @@ class CacheStats:
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
+        out["hit_tokens"] = {tier.value: n for tier, n in self.hit_tokens.items()}  # plain str keys
+        out["evicted_pages"] = {tier.value: n for tier, n in self.evicted_pages.items()}
         out["hit_rate"] = self.hit_rate
         for name in ("device", "host"):
             usage = getattr(self, name)
@@ -160,7 +164,7 @@ class CacheCounters:
         self._lookup_tokens = 0
         self._hit_tokens = dict.fromkeys(HIT_TIERS, 0)
         self._paths = {p.value: PathStats() for p in TransferPath}
-        self._evicted = {"device": 0, "host": 0}
+        self._evicted: dict[Tier, int] = dict.fromkeys(MEMORY_TIERS, 0)
         self._backups_skipped = 0
         self._by_namespace: dict[str, NamespaceLookups] = {}
 
@@ -196,7 +200,9 @@ class CacheCounters:
                 total_s=s.total_s + ack.elapsed_s, max_s=max(s.max_s, ack.elapsed_s),
                 latency=s.latency.observed(ack.elapsed_s))
 
-    def record_eviction(self, tier: str, num_pages: int) -> None:
+    def record_eviction(self, tier: Tier | str, num_pages: int) -> None:
+        """Count pages evicted from a memory tier. Raises ValueError for another tier."""
+        tier = Tier.parse_memory(tier)
         if num_pages:
             with self._lock:
                 self._evicted[tier] += num_pages

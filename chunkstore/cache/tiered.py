@@ -1,7 +1,9 @@
 """TieredCache: the device pool, the host pool and the chunk store behind one radix tree (HiCache + disk).
 
 Invariants: every tree change happens under ``tree.lock``, and nothing waits for the controller
-while holding it (acks take it); a slot is owned by exactly one of: the free list, the tree, an
+while holding it (acks take it); every copy between tiers is the controller's (an eviction's own
+copy runs on the evicting thread with ``run_now``), and its ``InFlight`` registry is the only
+record of work in flight; a slot is owned by exactly one of: the free list, the tree, an
 in-flight operation, or the caller it was allocated for; a page is marked present on a tier only
 after its bytes landed there (acks, never submissions, set residency); a transfer that reads
 tree-held pages keeps them in place until its ack (a lock, or for a persist, host evictions that
@@ -15,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from chunkstore.cache.admin import CacheAdministration
-from chunkstore.cache.config import CacheConfig
+from chunkstore.cache.admin import CacheAdmin
+from chunkstore.cache.config import LIVE_SETTINGS, CacheConfig
 from chunkstore.cache.controller import DEFAULT_PREFETCH_BATCH_PAGES, TierController
 from chunkstore.cache.layout import KVLayout
 from chunkstore.cache.ops import (
@@ -36,6 +38,7 @@ from chunkstore.cache.policies import PrefetchPolicy, WritePolicy
 from chunkstore.cache.prefetch_holds import PrefetchHolds, PrefetchRefresher
 from chunkstore.cache.pools import DevicePool, HostPool, PoolExhaustedError
 from chunkstore.cache.radix import RadixTree
+from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.cache.radix_types import (
     InsertResult,
     LockHandle,
@@ -45,6 +48,7 @@ from chunkstore.cache.radix_types import (
     _as_tokens,
 )
 from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsage
+from chunkstore.cache.tiers import Tier
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
 from chunkstore.disk.store import ChunkStore, store_root
@@ -90,14 +94,16 @@ class FlushResult:
     failed_pages: int  # pages the policy keeps that could not be written down
 
 
-class TieredCache(CacheAdministration):
+class TieredCache:
     """A three-tier KV cache over token prefixes, per namespace.
 
     The engine's cycle: ``match`` (loads what host and disk hold onto the device, returns the usable
     prefix, locked), ``allocate_device`` for the rest, compute into those slots, ``insert`` the full
     pages, ``release`` the hit, ``free_device`` any slot not inserted (a trailing partial page).
     ``prefetch`` may be called early (when a request is queued) to overlap disk reads with compute.
-    Thread-safe. Raises ValueError when ``identity`` does not match ``config.page_size``.
+    The operator's operations (evict, clear, list, reconfigure) are ``admin``, a ``CacheAdmin`` over
+    the public methods here. Thread-safe. Raises ValueError when ``identity`` does not match
+    ``config.page_size``.
     """
 
     def __init__(self, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,
@@ -120,15 +126,18 @@ class TieredCache(CacheAdministration):
                                codec=config.codec_for(self.layout))
         self.store = store if config.use_disk else None
         self.counters = CacheCounters()
-        self._backing_up: set[bytes] = set()  # keys of pages in a BackupOp
-        self._persisting: set[bytes] = set()  # keys of pages in a PersistOp
-        self._prefetching: dict[bytes, PrefetchOp] = {}  # key of every page in a PrefetchOp -> op
         self._holds = PrefetchHolds(int(self.host_pool.capacity_pages * config.prefetch_host_share),
                                     config.prefetch_hold_s)
         self._is_closed = False
         self.controller = TierController(self.device_pool, self.host_pool, self.store, self._apply_ack,
                                          prefetch_batch_pages=prefetch_batch_pages)
+        self._in_flight = self.controller.in_flight  # the one record of copies in flight (the controller's)
         self._refresher = PrefetchRefresher(self._prefetch_next_in_line) if self.store is not None else None
+        self.admin = CacheAdmin(self)  # the management API's operations, over the public methods here
+
+    @property
+    def is_closed(self) -> bool:
+        return self._is_closed
 
     # ---- lookups ---------------------------------------------------------------------------------
 
@@ -302,7 +311,7 @@ class TieredCache(CacheAdministration):
         if not pages:
             return None, False
         with self._lock:
-            running = self._prefetching.get(pages[0].key)
+            running = self._in_flight.op_for(TransferPath.DISK_TO_HOST, pages[0].key)
             room = self._holds.room() if speculative else len(pages)
         if running is not None:
             return running, False
@@ -312,7 +321,7 @@ class TieredCache(CacheAdministration):
         if num_pages == 0:
             return None, False
         with self._lock:
-            running = self._prefetching.get(pages[0].key)
+            running = self._in_flight.op_for(TransferPath.DISK_TO_HOST, pages[0].key)
             if running is not None:
                 return running, False
             if speculative:
@@ -328,11 +337,9 @@ class TieredCache(CacheAdministration):
             op = PrefetchOp(keys=tuple(p.key for p in pages[:num_pages]), namespace=namespace,
                             token_ids=tokens[:end], from_page=m.num_pages, pages=tuple(pages[:num_pages]),
                             host_slots=slots, anchor=anchor)
-            for key in op.keys:
-                self._prefetching[key] = op
             if speculative:
                 self._holds.started(op)
-        self.controller.submit(op)
+            self.controller.submit(op)  # in flight from here on: a second look finds it, under the lock
         return op, True
 
     # ---- host -> device --------------------------------------------------------------------------
@@ -378,7 +385,7 @@ class TieredCache(CacheAdministration):
                     self.tree.set_device_slots(node, part)
                 else:  # another request loaded it meanwhile: use its copy
                     self.device_pool.free(part)
-                if node not in kept_share and node.lock_ref <= 1 and node.keys[0] not in self._persisting:
+                if node not in kept_share and node.lock_ref <= 1 and not self._is_persisting(node):
                     # no other request or write reads the host copy
                     self.host_pool.free(self.tree.set_host_slots(node, None))
             loaded = torch.cat([m.device_slots, *(node.device_slots for node in nodes)])
@@ -506,7 +513,7 @@ class TieredCache(CacheAdministration):
 
     def _backup(self, node: RadixNode, ready=None) -> bool:
         """Submit a device->host copy of ``node`` (under the lock); False when the host has no room."""
-        if node.keys[0] in self._backing_up:
+        if self._in_flight.covers(TransferPath.DEVICE_TO_HOST, node.keys[0]):
             return True
         host = self._allocate_host_over_holds(node.num_pages, partial=False)
         if host is None:
@@ -514,28 +521,31 @@ class TieredCache(CacheAdministration):
             return False
         op = BackupOp(keys=node.keys, device_slots=node.device_slots.clone(), host_slots=host,
                       anchor=self.tree.lock_node(node), ready=ready)
-        self._backing_up.update(op.keys)
         self.controller.submit(op)
         return True
 
     def _persist(self, node: RadixNode) -> None:
         """Submit a host->disk write of ``node`` (under the lock)."""
-        if self.store is None or node.persisted or node.keys[0] in self._persisting:
+        if self.store is None or node.persisted or self._is_persisting(node):
             return
         # Not locked: a lock would pin the node's device copy (and its ancestors') for a whole fsync.
-        # Its host copy, which the write reads, stays because every host eviction skips keys in
-        # _persisting, and a node with a copy is never removed from the tree.
+        # Its host copy, which the write reads, stays because every host eviction skips pages a
+        # persist in flight covers, and a node with a copy is never removed from the tree.
         op = PersistOp(keys=node.keys, pages=tuple(node.pages()), host_slots=node.host_slots.clone(), node=node)
-        self._persisting.update(op.keys)
         self.controller.submit(op)
+
+    def _is_persisting(self, node: RadixNode) -> bool:
+        """Whether a host->disk write in flight reads the node's host copy (its first page's: a
+        persist covers whole nodes, and a split keeps the keys of both parts in the op)."""
+        return self._in_flight.covers(TransferPath.HOST_TO_DISK, node.keys[0])
 
     # ---- acknowledgements (on the controller's threads) ------------------------------------------
 
     def _apply_ack(self, ack: Ack) -> None:
         self.counters.record_ack(ack)
         op = ack.op
-        if isinstance(op, LoadBackOp):
-            return  # the caller of _load_back waits for it and applies it
+        if op.is_applied_by_caller:
+            return  # a load-back or an eviction's copy: the thread that runs it applies it
         with self._lock:
             if isinstance(op, PrefetchOp):
                 self._apply_prefetch(ack, op)
@@ -576,17 +586,13 @@ class TieredCache(CacheAdministration):
                 for node in nodes:
                     self._persist(node)
         finally:
-            self._backing_up.difference_update(op.keys)
             self.tree.unlock(op.anchor)
 
     def _apply_persist(self, ack: Ack, op: PersistOp) -> None:
-        try:
-            ok = dict(zip(op.keys, ack.ok))
-            for node in self._covering(op.node, op.keys):
-                if all(ok[k] for k in node.keys):
-                    self.tree.mark_persisted(node)
-        finally:
-            self._persisting.difference_update(op.keys)
+        ok = dict(zip(op.keys, ack.ok))
+        for node in self._covering(op.node, op.keys):
+            if all(ok[k] for k in node.keys):
+                self.tree.mark_persisted(node)
 
     def _apply_prefetch(self, ack: Ack, op: PrefetchOp) -> None:
         good = ack.num_leading_ok if op.num_loaded_pages == ack.start_page else 0
@@ -608,10 +614,7 @@ class TieredCache(CacheAdministration):
             if len(rest):
                 self.host_pool.free(rest)
         finally:
-            if ack.is_last:
-                for key in op.keys:
-                    if self._prefetching.get(key) is op:  # a later op may cover the key by now
-                        del self._prefetching[key]
+            if ack.is_last:  # the controller drops the op from its in-flight registry after this
                 self._holds.finished(op)  # its pages are kept for the queued request it is for
                 if op.anchor is not None:
                     self.tree.unlock(op.anchor)
@@ -619,12 +622,62 @@ class TieredCache(CacheAdministration):
 
     # ---- allocation and eviction (under the lock) ------------------------------------------------
 
+    def evict_memory(self, tier: Tier, num_pages: int, *, selected: Collection[RadixNode] | None = None,
+                     on_evicted: Callable[[RadixNode], None] | None = None) -> int:
+        """Evict at least ``num_pages`` unlocked pages of a memory tier (of the ``selected`` nodes
+        only, when given) by the rules of a full pool: the policy's order, descendants first, and
+        a copy the write policy keeps is written down first through the tier controller (on this
+        thread) or stays. ``on_evicted(node)`` is called for each node whose copy went, before its
+        slots are cleared. Takes the tree's lock (for the length of a store put when a host page
+        must be written down first). Counts the pages in ``stats().evicted_pages`` and returns them.
+        Raises ValueError for the disk tier (the store evicts its own chunks)."""
+        tier = Tier.parse_memory(tier)
+        rule = self._evict_device_node if tier is Tier.DEVICE else self._evict_host_node
+
+        def on_evict(node: RadixNode) -> bool:
+            if not rule(node):
+                return False
+            if on_evicted is not None:
+                on_evicted(node)
+            return True
+
+        with self._lock:
+            if selected is None:
+                evicted = self.tree.evict_device(num_pages, on_evict=on_evict) if tier is Tier.DEVICE \
+                    else self.tree.evict_host(num_pages, on_evict=on_evict)
+            else:
+                evicted = self.tree.evict_selected(tier, num_pages, selected, on_evict=on_evict)
+            self.counters.record_eviction(tier, evicted)
+        return evicted
+
+    def release_prefetch_holds(self) -> None:
+        """End every prefetch hold: the pages kept for queued requests become evictable (they are
+        loaded again at the requests' matches). Takes the tree's lock."""
+        with self._lock:
+            self._holds.release_all()
+
+    def apply_live_config(self, new: CacheConfig) -> None:
+        """Adopt ``new``, which may differ from ``config`` in ``LIVE_SETTINGS`` only (CacheAdmin's
+        ``reconfigure`` builds and validates it): the eviction policy and the store's capacity
+        follow it at once, the rest at their next use. Takes the tree's lock. Raises ValueError,
+        changing nothing, when another setting differs."""
+        old = self.config.model_dump(exclude=set(LIVE_SETTINGS))
+        fixed = sorted(k for k, v in new.model_dump(exclude=set(LIVE_SETTINGS)).items() if old.get(k) != v)
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot change while the cache runs")
+        capacity_bytes = new.disk_capacity_bytes(self.layout)
+        with self._lock:
+            self.config = new
+            self.tree.policy = EvictionPolicy.parse(new.eviction_policy)
+            if self.store is not None and self.store.capacity_bytes != capacity_bytes:
+                self.store.capacity_bytes = capacity_bytes
+
     def _allocate_device(self, num_pages: int, *, partial: bool) -> torch.Tensor | None:
-        return self._allocate(self.device_pool, self.tree.evict_device, self._evict_device_node, "device",
+        return self._allocate(self.device_pool, self.tree.evict_device, self._evict_device_node, Tier.DEVICE,
                               num_pages, partial)
 
     def _allocate_host(self, num_pages: int, *, partial: bool) -> torch.Tensor | None:
-        return self._allocate(self.host_pool, self.tree.evict_host, self._evict_host_node, "host",
+        return self._allocate(self.host_pool, self.tree.evict_host, self._evict_host_node, Tier.HOST,
                               num_pages, partial)
 
     def _allocate_host_over_holds(self, num_pages: int, *, partial: bool) -> torch.Tensor | None:
@@ -640,7 +693,7 @@ class TieredCache(CacheAdministration):
             return self._allocate_host(num_pages, partial=False)
         return torch.cat([slots, self._allocate_host(num_pages - got, partial=True)])
 
-    def _allocate(self, pool, evict, on_evict, tier: str, num_pages: int, partial: bool) -> torch.Tensor | None:
+    def _allocate(self, pool, evict, on_evict, tier: Tier, num_pages: int, partial: bool) -> torch.Tensor | None:
         if num_pages > pool.num_free:
             self.counters.record_eviction(tier, evict(num_pages - pool.num_free, on_evict=on_evict))
         if partial:
@@ -648,38 +701,35 @@ class TieredCache(CacheAdministration):
         return pool.allocate(num_pages) if pool.can_allocate(num_pages) else None
 
     def _evict_device_node(self, node: RadixNode) -> bool:
-        """Free a node's device copy, backing it up first under write-back; False keeps it."""
+        """Free a node's device copy, backing it up first under write-back (a copy the controller
+        runs on this thread, under the lock); False keeps it (no host room, or the copy failed)."""
         if node.host_slots is None and self.config.write_policy is WritePolicy.WRITE_BACK \
                 and not self._is_on_disk(node):
             host = self._allocate_host_over_holds(node.num_pages, partial=False)
             if host is None:
                 return False  # no room above the disk either: keep it rather than lose it
-            start = time.perf_counter()
-            self.device_pool.copy_to(self.host_pool, node.device_slots, host)
-            self.counters.record_ack(Ack(BackupOp(keys=node.keys), 0, (True,) * node.num_pages,
-                                         node.num_pages * self.layout.page_size_bytes,
-                                         time.perf_counter() - start))
+            op = BackupOp(keys=node.keys, is_applied_by_caller=True, device_slots=node.device_slots.clone(),
+                          host_slots=host, ready=self._caller_event())
+            self.controller.run_now(op)
+            if op.num_failed_pages:
+                self.host_pool.free(host)
+                return False  # the device copy is the only one: keep it
             self.tree.set_host_slots(node, host)
         self.device_pool.free(node.device_slots)
         return True
 
     def _evict_host_node(self, node: RadixNode) -> bool:
-        """Free a node's host copy once it is on disk (writing it down first); False keeps it."""
-        if node.keys[0] in self._persisting:
+        """Free a node's host copy once it is on disk (the controller writes it down first, on this
+        thread, under the lock); False keeps it."""
+        if self._is_persisting(node):
             return False  # a write of it is reading the host copy now (persists hold no lock)
         if self._holds.is_held(node.keys):
             return False  # prefetched for a queued request that has not started
         if self.store is not None and not self._is_on_disk(node):
-            start = time.perf_counter()
-            try:
-                result = self.store.put(node.pages(), self.host_pool.views(node.host_slots))
-                ok = tuple(p.key not in result.failed for p in node.pages())
-            except Exception as exc:  # as on the controller's persist path: a failed write keeps the copy
-                log.error("writing %d pages down before a host eviction failed: %s", node.num_pages, exc)
-                ok = (False,) * node.num_pages
-            self.counters.record_ack(Ack(PersistOp(keys=node.keys), 0, ok,
-                                         sum(ok) * self.layout.page_size_bytes, time.perf_counter() - start))
-            if not all(ok):
+            op = PersistOp(keys=node.keys, is_applied_by_caller=True, pages=tuple(node.pages()),
+                           host_slots=node.host_slots.clone(), node=node)
+            self.controller.run_now(op)  # a failed write is logged and counted there, and keeps the copy
+            if op.num_failed_pages:
                 return False
             self.tree.mark_persisted(node)
         self.host_pool.free(node.host_slots)

@@ -96,10 +96,10 @@ def _flush_and_clear(engine, namespace: str | None) -> str:
         lines.append(f"{flushed.persisted_pages} pages on disk, {flushed.failed_pages} could not be written "
                      f"(those stay in memory).")
     if namespace is None:
-        device, host = engine.cache.clear("device"), engine.cache.clear("host")
+        device, host = engine.cache.admin.clear("device"), engine.cache.admin.clear("host")
     else:  # a tenant empties its own memory, never another tenant's
         selection = MemorySelection(namespace=namespace)
-        device, host = (engine.cache.evict_selected(tier, selection).num_pages for tier in ("device", "host"))
+        device, host = (engine.cache.admin.evict_selected(tier, selection).num_pages for tier in ("device", "host"))
     lines.append(f"{device} device and {host} host pages dropped from memory.")
     return "\n".join(lines) + "\n"
 

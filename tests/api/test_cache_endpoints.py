@@ -51,8 +51,8 @@ def test_disk_eviction_reaches_the_live_cache(cache_server, live_cache):
         assert c.get(f"/chunks/{keys_of(a)[2].hex()}").status_code == 404
     assert live_cache.store.longest_prefix(keys_of(a)) == 2
     assert lookup(live_cache, a).num_pages == 5  # memory copies stay: evicting disk evicts disk only
-    live_cache.clear("device")
-    live_cache.clear("host")  # a host page leaves only once on disk: the three are written again
+    live_cache.admin.clear("device")
+    live_cache.admin.clear("host")  # a host page leaves only once on disk: the three are written again
     assert live_cache.store.longest_prefix(keys_of(a)) == 5
     assert_consistent(live_cache)
 
@@ -78,7 +78,7 @@ def test_clear_all_and_flush(cache_server, live_cache):
 
 def test_chunks_show_their_tiers_and_text(cache_server, live_cache):
     a = toks(1, 2, 3, 4, 5)
-    assert live_cache.evict("device", 1) == 5  # the least recently used node: the whole of `a`
+    assert live_cache.admin.evict("device", 1) == 5  # the least recently used node: the whole of `a`
     with cache_server.client() as c:
         on_device = c.get("/chunks", params={"tier": "device"}).json()
         assert on_device["total"] == 3 and {i["namespace"] for i in on_device["items"]} == {"other"}

@@ -46,7 +46,7 @@ def test_memory_tier_listing(cache_server, live_cache):
         assert sorted(seen) == sorted(by_key) and len(seen) == 8
         assert c.get("/chunks").json()["total"] == 5  # the disk tier
 
-    live_cache.evict("device", 8)
+    live_cache.admin.evict("device", 8)
     with cache_server.client() as c:
         assert c.get("/chunks", params={"tier": "device"}).json()["total"] == 0
     with cache_server.client(TENANT) as c:

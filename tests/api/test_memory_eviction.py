@@ -13,7 +13,7 @@ B = toks(7, 8, 9)  # and in "other"
 
 
 def residency(cache):
-    return cache.resident_keys("device"), cache.resident_keys("host"), cache.stats().evicted_pages
+    return cache.admin.resident_keys("device"), cache.admin.resident_keys("host"), cache.stats().evicted_pages
 
 
 def test_by_key_with_descendants(cache_server, live_cache):
@@ -27,7 +27,7 @@ def test_by_key_with_descendants(cache_server, live_cache):
         done = c.post("/evict", json=body).json()
         assert done["num_pages"] == 3 and done["num_bytes"] == 3 * PAGE_BYTES and done["skipped_locked"] == 0
         assert done["is_complete"] and set(done["keys"]) == set(dry["keys"])
-        assert live_cache.resident_keys("device", "default") == set(keys[:2])
+        assert live_cache.admin.resident_keys("device", "default") == set(keys[:2])
         assert c.get("/stats").json()["evicted_pages"]["device"] == 3
     assert_consistent(live_cache)
 
@@ -48,7 +48,7 @@ def test_by_key_errors(cache_server, live_cache):
         assert r.status_code == 403
     with cache_server.client(None) as c:
         assert c.post("/evict", json={"tier": "device", "namespace": "other"}).status_code == 401
-    assert len(live_cache.resident_keys("host")) == 8  # nothing changed
+    assert len(live_cache.admin.resident_keys("host")) == 8  # nothing changed
 
 
 def test_by_namespace_and_fraction_of_it(cache_server, live_cache):
@@ -58,24 +58,22 @@ def test_by_namespace_and_fraction_of_it(cache_server, live_cache):
         assert half.json()["num_pages"] == 3  # at least 2 pages asked: one whole node goes
         done = c.post("/evict", json={"tier": "host", "namespace": "other"}).json()
         assert done["num_pages"] == 3 and set(done["keys"]) == {k.hex() for k in other}
-        assert live_cache.resident_keys("host", "other") == set()
-        assert len(live_cache.resident_keys("host", "default")) == 5
+        assert live_cache.admin.resident_keys("host", "other") == set()
+        assert len(live_cache.admin.resident_keys("host", "default")) == 5
         ns = {n["namespace"]: n for n in c.get("/namespaces").json()["items"]}
         assert ns["other"]["host_pages"] == 0 and ns["other"]["device_pages"] == 3
     assert_consistent(live_cache)
 
 
 def test_by_age(cache_server, live_cache, monkeypatch):
-    import chunkstore.cache.radix as radix
-
-    real = radix._now
-    monkeypatch.setattr(radix, "_now", lambda: real() + 3600)  # everything was served an hour ago
+    real = live_cache.tree.clock_s
+    monkeypatch.setattr(live_cache.tree, "clock_s", lambda: real() + 3600)  # everything was served an hour ago
     with cache_server.client() as c:
         assert c.post("/evict", json={"tier": "device", "older_than_s": 7200}).json()["num_pages"] == 0
         dry = c.post("/evict", json={"tier": "device", "older_than_s": 60, "dry_run": True}).json()
-        assert dry["num_pages"] == 8 and len(live_cache.resident_keys("device")) == 8
+        assert dry["num_pages"] == 8 and len(live_cache.admin.resident_keys("device")) == 8
         done = c.post("/evict", json={"tier": "device", "older_than_s": 60, "namespace": "default"}).json()
-        assert done["num_pages"] == 5 and live_cache.resident_keys("device") == set(keys_of(B, "other"))
+        assert done["num_pages"] == 5 and live_cache.admin.resident_keys("device") == set(keys_of(B, "other"))
     assert_consistent(live_cache)
 
 
@@ -89,5 +87,5 @@ def test_locked_pages_are_reported_and_stay(cache_server, live_cache):
             assert r["num_pages"] == 3 and r["skipped_locked"] == 5  # only the other namespace's
     finally:
         live_cache.release(hit)
-    assert live_cache.resident_keys("device") == set(keys_of(A))
+    assert live_cache.admin.resident_keys("device") == set(keys_of(A))
     assert_consistent(live_cache)

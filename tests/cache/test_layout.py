@@ -37,9 +37,21 @@ def test_from_identity_matches_the_store_page():
     assert layout == KVLayout(4, 2, 16, "float16", 8)
     assert layout.page_shape == identity.page_shape
     assert layout.page_size_bytes == identity.page_size_bytes
-    assert layout.matches(identity)
-    assert not KVLayout(4, 2, 16, "bfloat16", 8).matches(identity)
-    assert not KVLayout(4, 2, 16, "float16", 16).matches(identity)
+    assert layout.torch_dtype == torch.float16
+
+
+def test_the_cache_takes_its_layout_from_the_identity(tmp_path):
+    """No second copy of the page shape: the pools' pages are the identity's pages."""
+    from chunkstore.cache.config import CacheConfig
+    from chunkstore.cache.tiered import TieredCache
+
+    identity = ModelIdentity("m", "float16", num_layers=3, num_kv_heads=2, head_dim=8, page_size=4)
+    config = CacheConfig(page_size=4, device_size="4pages", host_size="8pages", use_disk=False)
+    with TieredCache(config, identity) as cache:
+        assert cache.layout == KVLayout.from_identity(identity)
+        for pool in (cache.device_pool, cache.host_pool):
+            assert tuple(pool.buffer.shape[1:]) == identity.page_shape
+            assert pool.buffer.dtype == torch.float16
 
 
 def test_pages_for_bytes_rounds_down():

@@ -89,10 +89,10 @@ def test_exhaustion_takes_nothing():
 def test_rejected_free_changes_nothing(make_batch, match):
     pool = PagePool(LAYOUT, 8)
     held = pool.allocate(4)
-    free_before, mask_before = pool._free.clone(), pool._allocated.clone()
+    free_before, mask_before = pool.free_list(), pool.is_allocated(range(8))
     with pytest.raises(ValueError, match=match):
         pool.free(make_batch(held))
-    assert torch.equal(pool._free, free_before) and torch.equal(pool._allocated, mask_before)
+    assert torch.equal(pool.free_list(), free_before) and torch.equal(pool.is_allocated(range(8)), mask_before)
 
 
 def test_double_free_of_a_mixed_batch_frees_nothing():
@@ -153,8 +153,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     def counts_match_the_model(self):
         assert self.pool.num_used == len(self.held)
         assert self.pool.num_free + self.pool.num_used == self.pool.capacity_pages
-        assert set(torch.nonzero(self.pool._allocated).flatten().tolist()) == self.held
-        assert set(self.pool._free.tolist()) == set(range(16)) - self.held
+        assert set(torch.nonzero(self.pool.is_allocated(range(16))).flatten().tolist()) == self.held
+        assert set(self.pool.free_list().tolist()) == set(range(16)) - self.held
 
 
 TestAllocatorMachine = AllocatorMachine.TestCase
@@ -204,8 +204,8 @@ def test_threaded_allocate_free_never_shares_a_slot():
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert not errors, errors
-    assert pool.num_free == 64 and not pool._allocated.any()
-    assert sorted(pool._free.tolist()) == list(range(64))
+    assert pool.num_free == 64 and not pool.is_allocated(range(64)).any()
+    assert sorted(pool.free_list().tolist()) == list(range(64))
 
 
 # -- pages ---------------------------------------------------------------------------------------

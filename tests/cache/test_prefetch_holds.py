@@ -110,8 +110,8 @@ def test_a_prefix_that_went_to_disk_while_queued_is_prefetched_again(tmp_path):
         settle(cache)
         next_round = A + toks(50, 51)
         assert cache.prefetch(next_round) == 0  # A is in memory: nothing to load yet
-        cache.clear("device")
-        cache.clear("host")  # A goes down to disk while the request waits
+        cache.admin.clear("device")
+        cache.admin.clear("host")  # A goes down to disk while the request waits
         assert cache.peek(next_round) == (0, 0, 4 * P)
         serve(cache, B)  # another request starts: the refresher looks at the queue again
         settle(cache)
@@ -125,7 +125,7 @@ def test_clearing_the_host_tier_ends_the_holds(tmp_path):
     with open_cache(make_config(tmp_path)) as cache:
         assert cache.prefetch(A) == 4
         settle(cache)
-        assert cache.clear("host") == 4
+        assert cache.admin.clear("host") == 4
         assert host_tokens(cache, A) == 0
         assert_consistent(cache)
 
@@ -210,7 +210,7 @@ def test_the_host_copies_of_a_queued_requests_prefix_are_held_too(tmp_path):
         settle(cache)  # A is on the device, and written through to host and disk
         next_round = A + toks(50, 51)
         assert cache.prefetch(next_round) == 0  # nothing to load: A is in memory
-        cache.clear("device")
+        cache.admin.clear("device")
         other_traffic(cache)
         assert host_tokens(cache, next_round) == 4 * P
         assert cache.stats().paths["disk_to_host"].num_pages == 0, "a queued request's prefix went down to disk"

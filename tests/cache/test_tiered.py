@@ -22,6 +22,7 @@ import torch
 
 from chunkstore.cache import CacheConfig, KVLayout, PoolExhaustedError
 from chunkstore.cache.tiered import PrefixHit, TieredCache
+from chunkstore.cache.tiers import Tier
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
 from tests.conftest import TINY
 
@@ -115,13 +116,9 @@ def settle(cache: TieredCache) -> None:
 
 
 def force_evict(cache: TieredCache, tier: str, num_pages: int) -> None:
-    """Make ``tier`` evict at least ``num_pages`` pages by the cache's own rules (allocating past
-    what is free, then freeing it), as a request needing that room would."""
-    pool = cache.device_pool if tier == "device" else cache.host_pool
-    allocate = cache._allocate_device if tier == "device" else cache._allocate_host
-    with cache.tree.lock:
-        slots = allocate(pool.num_free + num_pages, partial=True)
-    pool.free(slots)
+    """Make ``tier`` evict at least ``num_pages`` pages by the cache's own rules, as a request
+    needing that room would (the eviction a full pool runs: ``evict_memory``)."""
+    cache.evict_memory(Tier.parse_memory(tier), num_pages)
 
 
 def tree_pages(cache: TieredCache, tier: str) -> int:
@@ -190,12 +187,10 @@ def stalled_disk_reads(cache: TieredCache):
 
 @contextmanager
 def stalled_pool(pool):
-    """Hold a pool's allocator lock: a transfer that touches the pool waits until the block ends."""
-    pool._lock.acquire()
-    try:
+    """Hold a pool's allocator lock (``PagePool.lock``, public for this): a transfer that touches
+    the pool waits until the block ends."""
+    with pool.lock:
         yield
-    finally:
-        pool._lock.release()
 
 
 def wait_until(predicate, what: str) -> None:

@@ -18,7 +18,7 @@ def test_evict_device_keeps_lower_copies(tmp_path):
         serve(cache, tokens)
         settle(cache)
         assert tree_pages(cache, "device") == 4
-        assert cache.evict("device", 2) >= 2
+        assert cache.admin.evict("device", 2) >= 2
         assert cache.stats().evicted_pages["device"] >= 2
         assert_consistent(cache)
         hit = lookup(cache, tokens)  # the pages come back from host memory
@@ -30,9 +30,9 @@ def test_evict_host_writes_down_first_and_disk_serves_it(tmp_path):
         tokens = toks(1, 2, 3)
         serve(cache, tokens)
         settle(cache)
-        assert cache.evict("device", 3) == 3  # write-back: backed up to host on the way out
+        assert cache.admin.evict("device", 3) == 3  # write-back: backed up to host on the way out
         assert tree_pages(cache, "host") == 3
-        assert cache.evict("host", 3) == 3  # and written to disk before the host copy goes
+        assert cache.admin.evict("host", 3) == 3  # and written to disk before the host copy goes
         assert cache.store.longest_prefix(keys_of(tokens)) == 3
         assert_consistent(cache)
         assert lookup(cache, tokens).disk_tokens == len(tokens)
@@ -45,11 +45,11 @@ def test_evict_skips_locked_pages(tmp_path):
         settle(cache)
         hit = cache.match(tokens)
         try:
-            assert cache.evict("device", 10) == 0
-            assert cache.clear("device") == 0
+            assert cache.admin.evict("device", 10) == 0
+            assert cache.admin.clear("device") == 0
         finally:
             cache.release(hit)
-        assert cache.clear("device") == 2
+        assert cache.admin.clear("device") == 2
         assert_consistent(cache)
 
 
@@ -58,8 +58,8 @@ def test_clear_empties_a_tier(tmp_path):
         serve(cache, toks(1, 2, 3))
         serve(cache, toks(5, 6), "other")
         settle(cache)
-        assert cache.clear("host") == 5
-        assert cache.clear("device") == 5
+        assert cache.admin.clear("host") == 5
+        assert cache.admin.clear("device") == 5
         s = cache.stats()
         assert s.device.cached_pages == s.host.cached_pages == 0
         assert_consistent(cache)
@@ -69,11 +69,11 @@ def test_clear_empties_a_tier(tmp_path):
 def test_evict_rejects_other_tiers_and_negative_counts(tmp_path):
     with open_cache(make_config(tmp_path)) as cache:
         with pytest.raises(ValueError, match="device, host"):
-            cache.evict("disk", 1)
+            cache.admin.evict("disk", 1)
         with pytest.raises(ValueError, match=">= 0"):
-            cache.evict("device", -1)
+            cache.admin.evict("device", -1)
         with pytest.raises(ValueError, match="device, host"):
-            cache.resident_keys("gpu")
+            cache.admin.resident_keys("gpu")
 
 
 def test_resident_keys_and_residency_by_namespace(tmp_path):
@@ -82,34 +82,34 @@ def test_resident_keys_and_residency_by_namespace(tmp_path):
         serve(cache, a)
         serve(cache, b, "other")
         settle(cache)
-        assert cache.resident_keys("device") == set(keys_of(a)) | set(keys_of(b, "other"))
-        assert cache.resident_keys("host", "other") == set(keys_of(b, "other"))
-        residency = cache.residency_by_namespace()
+        assert cache.admin.resident_keys("device") == set(keys_of(a)) | set(keys_of(b, "other"))
+        assert cache.admin.resident_keys("host", "other") == set(keys_of(b, "other"))
+        residency = cache.admin.residency_by_namespace()
         assert {ns: (r.device_pages, r.host_pages) for ns, r in residency.items()} == \
             {"default": (3, 3), "other": (2, 2)}
-        cache.evict("device", 10)
-        assert cache.resident_keys("device") == set()
-        assert cache.residency_by_namespace()["default"].device_pages == 0
+        cache.admin.evict("device", 10)
+        assert cache.admin.resident_keys("device") == set()
+        assert cache.admin.residency_by_namespace()["default"].device_pages == 0
 
 
 def test_reconfigure_live_settings(tmp_path):
     with open_cache(make_config(tmp_path, disk_size=1.0)) as cache:
-        new = cache.reconfigure(eviction_policy="lfu", prefetch_policy="timeout", prefetch_timeout_s=0.5,
+        new = cache.admin.reconfigure(eviction_policy="lfu", prefetch_policy="timeout", prefetch_timeout_s=0.5,
                                 disk_size=0.001)
         assert cache.config is new and new.eviction_policy is EvictionPolicy.LFU
         assert cache.tree.policy is EvictionPolicy.LFU and new.prefetch_policy is PrefetchPolicy.TIMEOUT
         assert cache.store.capacity_bytes == 1_000_000
-        cache.reconfigure(disk_size=None)
+        cache.admin.reconfigure(disk_size=None)
         assert cache.store.capacity_bytes is None
         before = cache.config
         with pytest.raises(ValueError, match="cannot change while the cache runs"):
-            cache.reconfigure(page_size=8)
+            cache.admin.reconfigure(page_size=8)
         with pytest.raises(ValueError, match="write_policy cannot change"):
-            cache.reconfigure(write_policy=WritePolicy.WRITE_BACK)
+            cache.admin.reconfigure(write_policy=WritePolicy.WRITE_BACK)
         with pytest.raises(ValueError, match="valid values"):
-            cache.reconfigure(eviction_policy="fifo")
+            cache.admin.reconfigure(eviction_policy="fifo")
         with pytest.raises(ValueError):
-            cache.reconfigure(disk_load_host_share=2.0)
+            cache.admin.reconfigure(disk_load_host_share=2.0)
         assert cache.config is before  # nothing changed on error
         serve(cache, toks(1, 2))
         assert_consistent(cache)
@@ -118,7 +118,7 @@ def test_reconfigure_live_settings(tmp_path):
 def test_reconfigure_disk_size_needs_a_disk_tier(tmp_path):
     with open_cache(make_config(tmp_path, use_disk=False)) as cache:
         with pytest.raises(ValueError, match="no disk tier"):
-            cache.reconfigure(disk_size=1.0)
+            cache.admin.reconfigure(disk_size=1.0)
 
 
 def test_is_closed(tmp_path):
