@@ -524,15 +524,19 @@ class TieredCache:
         self.controller.submit(op)
         return True
 
-    def _persist(self, node: RadixNode) -> None:
-        """Submit a host->disk write of ``node`` (under the lock)."""
-        if self.store is None or node.persisted or self._is_persisting(node):
-            return
+    def _persist(self, node: RadixNode) -> bool:
+        """Submit a host->disk write of ``node`` (under the lock); True when one is submitted or
+        already in flight, False when there is nothing to write or no store."""
+        if self.store is None or node.persisted:
+            return False
+        if self._is_persisting(node):
+            return True
         # Not locked: a lock would pin the node's device copy (and its ancestors') for a whole fsync.
         # Its host copy, which the write reads, stays because every host eviction skips pages a
         # persist in flight covers, and a node with a copy is never removed from the tree.
         op = PersistOp(keys=node.keys, pages=tuple(node.pages()), host_slots=node.host_slots.clone(), node=node)
         self.controller.submit(op)
+        return True
 
     def _is_persisting(self, node: RadixNode) -> bool:
         """Whether a host->disk write in flight reads the node's host copy (its first page's: a
@@ -744,22 +748,36 @@ class TieredCache:
     def flush(self, timeout_s: float | None = None) -> FlushResult:
         """Write every page the tree holds in memory down to disk (for a planned restart) and wait.
 
-        Device-only pages are backed up to host first. Returns what is on disk and what could not
-        be written (no disk tier: nothing is written and every page counts as failed)."""
+        Device-only pages are backed up to host first. In rounds: a device page may find no host
+        room until the host pages before it are on disk (a host page leaves only once the store
+        holds it), so each round backs up and writes what it can, waits, and another follows while
+        the last one put more pages on disk. Returns what is on disk and what could not be written
+        (no disk tier: nothing is written and every page counts as failed)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        least_failed = least_device_only = None  # the fewest seen: a round must lower one to be followed
+        while True:
+            with self._lock:
+                submitted = False
+                for node in list(self.tree.iter_nodes()):
+                    if node.device_slots is not None and node.host_slots is None:
+                        submitted |= self._backup(node)
+                    elif node.host_slots is not None and not self._is_on_disk(node):
+                        if node.persisted:  # the store evicted it since: write it again
+                            self.tree.mark_persisted(node, False)
+                        submitted |= self._persist(node)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            idle = self.controller.wait_idle(left)
+            result, device_only = self._flush_result()
+            if not submitted or not idle or result.failed_pages == 0 or not (
+                    least_failed is None or result.failed_pages < least_failed or device_only < least_device_only):
+                return result
+            least_failed = result.failed_pages if least_failed is None else min(least_failed, result.failed_pages)
+            least_device_only = device_only if least_device_only is None else min(least_device_only, device_only)
+
+    def _flush_result(self) -> tuple[FlushResult, int]:
+        """What is on disk and what is not, and the pages of the latter with no host copy yet."""
         with self._lock:
-            for node in list(self.tree.iter_nodes()):
-                if node.device_slots is not None and node.host_slots is None:
-                    self._backup(node)
-        self.controller.wait_idle(timeout_s)
-        with self._lock:
-            for node in list(self.tree.iter_nodes()):
-                if node.host_slots is not None and not self._is_on_disk(node):
-                    if node.persisted:  # the store evicted it since: write it again
-                        self.tree.mark_persisted(node, False)
-                    self._persist(node)
-        self.controller.wait_idle(timeout_s)
-        with self._lock:
-            persisted = failed = 0
+            persisted = failed = device_only = 0
             for node in self.tree.iter_nodes():
                 if node.device_slots is None and node.host_slots is None:
                     continue
@@ -767,7 +785,8 @@ class TieredCache:
                     persisted += node.num_pages
                 else:
                     failed += node.num_pages
-        return FlushResult(persisted, failed)
+                    device_only += node.num_pages if node.host_slots is None else 0
+        return FlushResult(persisted, failed), device_only
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until no transfer and no prefetch for queued requests is running or asked for;

@@ -294,6 +294,54 @@ def test_warm_start_finds_every_persisted_prefix(tmp_path, policy):
         assert_consistent(cache)
 
 
+def host_resident(cache: TieredCache, tokens) -> bool:
+    """Whether the node ending at ``tokens`` (whole pages) has a host copy."""
+    with cache.tree.lock:
+        for node in cache.tree.iter_nodes():
+            if node.keys[-1] == chain_pages(TINY, tokens)[-1].key:
+                return node.host_slots is not None
+    raise AssertionError("no such node")
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_flush_writes_pages_that_find_host_room_only_once_earlier_pages_are_on_disk(tmp_path, policy):
+    """A device page whose backup finds the host full of pages still being written gets its host
+    copy, and its disk copy, in a later round of the same flush."""
+    gate = threading.Event()
+    config = make_config(tmp_path, device_size="8pages", host_size="8pages", write_policy=policy)
+    with open_cache(config) as cache:
+        real_write = cache.store.files.os_write
+
+        def gated_write(fd, data):  # the store's write seam: writes wait for the gate
+            gate.wait(SETTLE_S)
+            return real_write(fd, data)
+
+        cache.store.files.os_write = gated_write
+        try:
+            first, second, third = toks(1, 2, 3, 4), toks(5, 6, 7, 8), toks(9, 10, 11, 12)
+            serve(cache, first)
+            serve(cache, second)
+            if policy == "write_through":  # the first two are copied to host and wait to be written
+                wait_until(lambda: cache.host_pool.num_used == 8, "both host copies")
+            else:  # write-back: the device evicts the first into host, unwritten, to make room
+                serve(cache, third)
+                flushing, out = in_thread(cache.flush)  # ...and its first round writes and backs up
+                time.sleep(0.2)
+            if policy == "write_through":
+                serve(cache, third)  # the host holds the first two, still being written: no room
+                assert host_resident(cache, third) is False, "the third prefix found host room early"
+                flushing, out = in_thread(cache.flush)
+                time.sleep(0.2)  # the flush's first round is waiting for the gated writes
+            gate.set()
+            flushing.join(SETTLE_S)
+            result = outcome(out)
+        finally:
+            cache.store.files.os_write = real_write
+        assert result.failed_pages == 0
+        assert all(all(cache.store.exists(keys_of(t))) for t in (first, second, third))
+
+
+
 # ---- write policies -----------------------------------------------------------------------------
 
 def test_write_through_backs_up_and_persists_every_new_page(tmp_path):
