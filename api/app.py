@@ -3,7 +3,9 @@
 Invariants: everything the routes use is built here and kept in ``app.state.admin`` (nothing at
 import time); every route is under ``API_PREFIX`` (the OpenAPI spec and docs too, so ``mount`` can hand a
 server's requests under it to this app unchanged); the app never closes the backend (whoever built it
-does); middleware order, outermost first: Host check (400), body limit (413), headers and timing.
+does); middleware order, outermost first: Host check (400), body limit (413), headers and timing
+(the first two are chunkstore.http's, with this app's rule, limit and envelope); mounted in another
+app, it owns every path under ``API_PREFIX`` and applies its own checks there (the parent's skip it).
 """
 
 from __future__ import annotations
@@ -13,18 +15,18 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
-from starlette.routing import BaseRoute, Match, NoMatchFound
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from chunkstore import __version__
 from chunkstore.api.backend.base import AdminBackend
-from chunkstore.api.errors import install_error_handlers
-from chunkstore.api.middleware import HostCheckMiddleware, ResponseMiddleware, body_too_large
+from chunkstore.api.errors import ENVELOPE, install_error_handlers
+from chunkstore.api.middleware import ResponseMiddleware, host_refusal
 from chunkstore.api.routers import ROUTERS
 from chunkstore.api.runtime import AdminRuntime
 from chunkstore.api.settings import AdminSettings
 from chunkstore.api.webui import add_webui
-from chunkstore import __version__
-from chunkstore.body_limit import BodyLimitMiddleware
+from chunkstore.http.body_limit import BodyLimitMiddleware
+from chunkstore.http.hosts import HostCheckMiddleware
+from chunkstore.http.routes import PrefixRoute
 
 API_PREFIX = "/api/v1"
 
@@ -55,33 +57,13 @@ def create_app(backend: AdminBackend, settings: AdminSettings | None = None, *,
     app.state.admin = runtime
     install_error_handlers(app)
     app.add_middleware(ResponseMiddleware, observe=runtime.metrics.observe)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=body_too_large)
-    app.add_middleware(HostCheckMiddleware, allowed=runtime.allowed_hosts)  # added last: runs first
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=ENVELOPE.too_large)
+    app.add_middleware(HostCheckMiddleware, rule=runtime.host_rule,  # added last: runs first
+                       refuse=host_refusal(runtime.allowed_hosts))
     for router in ROUTERS:
         app.include_router(router, prefix=API_PREFIX)
     add_webui(app)  # the dashboard at / (webui/, docs/WEBUI.md); mounted, the parent serves its own /
     return app
-
-
-class PrefixRoute(BaseRoute):
-    """Hands every request under ``prefix`` to ``app`` with its path unchanged (a Starlette Mount
-    strips the prefix, and one at ``/`` would also take the parent's unknown paths)."""
-
-    def __init__(self, prefix: str, app: ASGIApp) -> None:
-        self.prefix, self.app = prefix.rstrip("/"), app
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        if scope["type"] in ("http", "websocket"):
-            path = scope["path"].removeprefix(scope.get("root_path", "") or "")
-            if path == self.prefix or path.startswith(self.prefix + "/"):
-                return Match.FULL, {}
-        return Match.NONE, {}
-
-    def url_path_for(self, name: str, /, **path_params: str):
-        raise NoMatchFound(name, path_params)
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
 
 
 def mount(parent: FastAPI, backend: AdminBackend, settings: AdminSettings | None = None, *,

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import sys
 
 DEFAULT_DATA_DIR = "chunkstore-data"
@@ -41,24 +39,19 @@ def _settings(args: argparse.Namespace):
     return AdminSettings(**{k: v for k, v in given.items() if v is not None})
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]"), port))
-    return sock
+SHUTDOWN_GRACE_S = 5.0  # on SIGTERM/SIGINT, how long running requests may finish
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM. Returns 0, or 2 with a message for a store that cannot be opened,
     bad settings, or an address that cannot be bound."""
-    import uvicorn
     from pydantic import ValidationError
 
     from chunkstore.api.app import API_PREFIX, create_app
     from chunkstore.api.backend import StoreBackend
-    from chunkstore.disk.index import IndexMissingError
+    from chunkstore.disk import IndexMissingError
     from chunkstore.disk.store import StoreBusyError
+    from chunkstore.http.lifecycle import bind, serve_until_signal, url_of
 
     def fail(message: str) -> int:
         print(f"chunkstore: error: {message}", file=sys.stderr)
@@ -77,25 +70,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             app = create_app(backend, settings)
-            sock = _bind(settings.host, settings.port)
-        except (ValueError, OSError) as exc:
+            sock = bind(settings.host, settings.port)
+        except (ValueError, OSError) as exc:  # BindError is an OSError
             return fail(str(exc))
-        host, port = sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        print(f"chunkstore admin: serving {args.disk_path} at http://{shown}:{port}{API_PREFIX} "
+        print(f"chunkstore admin: serving {args.disk_path} at {url_of(sock)}{API_PREFIX} "
               f"(docs at {API_PREFIX}/docs)", file=sys.stderr)
         token = app.state.admin.token
         where = f"in {token.path}" if token.path is not None else "from --admin-token / CHUNKSTORE_ADMIN_TOKEN"
         print(f"chunkstore admin: admin token {where}", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, log_level="info", lifespan="on", timeout_graceful_shutdown=5)
-        # uvicorn shuts down gracefully on SIGINT/SIGTERM and then re-raises the signal to the handler
-        # it found: a no-op one lets the store close below (the default one would kill the process).
-        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            uvicorn.Server(config).run(sockets=[sock])
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        # Returns after the signal instead of dying of it, so the store closes below.
+        serve_until_signal(app, sock, log_level="info", grace_s=SHUTDOWN_GRACE_S)
         return 0
     finally:
         backend.close()

@@ -3,8 +3,8 @@
 Invariants: everything comes from ``app.state.admin`` (set once by ``create_app``); ``CallerDep``
 reads only the Authorization header (never cookies) and is cached per request; ``ReaderDep`` lets
 an anonymous caller read only while the API binds loopback and no namespace has a token;
-``WriterDep`` always needs a token; ``AdminDep`` refuses namespace tokens (403); routes that take a namespace confine a namespace
-caller to its own through ``scoped_namespace`` / ``check_namespace``.
+``WriterDep`` always needs a token; ``AdminDep`` refuses namespace tokens (403); routes that take a
+namespace confine a namespace caller to its own through ``scoped_namespace`` / ``check_namespace``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from fastapi import Depends, Header, Request
 from chunkstore.api.backend.base import AdminBackend
 from chunkstore.api.errors import AdminError
 from chunkstore.api.runtime import AdminRuntime
-from chunkstore.api.security import Caller, Role, is_loopback
+from chunkstore.api.security import Caller, Role
+from chunkstore.http.bearer import MalformedAuthorization, bearer_token
+from chunkstore.http.hosts import is_loopback
 
 audit_log = logging.getLogger("chunkstore.api.audit")
 
@@ -37,12 +39,13 @@ BackendDep = Annotated[AdminBackend, Depends(get_backend)]
 
 def authenticate(runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None) -> Caller:
     """The caller: anonymous without an Authorization header. Raises 401 for a malformed or unknown token."""
-    if authorization is None or not authorization.strip():
+    try:
+        token = bearer_token(authorization)
+    except MalformedAuthorization:
+        raise AdminError.unauthorized("send the token as `Authorization: Bearer <token>`") from None
+    if token is None:
         return Caller(Role.ANONYMOUS)
-    scheme, _, token = authorization.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise AdminError.unauthorized("send the token as `Authorization: Bearer <token>`")
-    caller = runtime.token.ring.identify(token.strip())
+    caller = runtime.token.ring.identify(token)
     if caller is None:
         raise AdminError.unauthorized("invalid token")
     return caller

@@ -3,7 +3,8 @@
 Invariants: every error response, from a route, request validation (422, naming the field), an
 unknown route, the Host check (400) or the body limit (413), has this shape and is in the OpenAPI
 spec (``ERROR_RESPONSES``); a backend error maps to its own status; an unexpected error is logged
-with its traceback and answered 500 without details.
+with its traceback and answered 500 without details. The handlers are chunkstore.http's, with this
+envelope (``ENVELOPE``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
 from chunkstore.api.backend.base import BackendError
+from chunkstore.http.errors import ErrorEnvelope
+from chunkstore.http.errors import install_error_handlers as install_shared_handlers
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,7 @@ class ErrorBody(BaseModel):
 
 def error_json(status: int, code: str, message: str, param: str | None = None,
                headers: dict[str, str] | None = None) -> JSONResponse:
-    body = ErrorBody(error=ErrorDetail(code=code, message=message, param=param))
-    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+    return ENVELOPE.response(status, code, message, param, headers)
 
 
 class AdminError(Exception):
@@ -98,24 +98,18 @@ async def _on_backend_error(request: Request, exc: BackendError) -> JSONResponse
     return error_json(exc.status, exc.code, str(exc))
 
 
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    message, param = validation_message(list(exc.errors()))
-    return error_json(422, "invalid_request", message, param)
+def _body(status: int, code: str | None, message: str, param: str | None) -> dict:
+    return ErrorBody(error=ErrorDetail(code=code or "error", message=message, param=param)).model_dump()
 
 
-async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code, "error")
-    return error_json(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+def _validation(errors: list[dict[str, Any]]) -> tuple[str, str | None, str]:
+    message, param = validation_message(errors)
+    return message, param, "invalid_request"
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_json(500, "internal_error", "internal server error")
+ENVELOPE = ErrorEnvelope(_body, validation_status=422, validation_message=_validation, default_code="error")
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(AdminError, _on_admin_error)
-    app.add_exception_handler(BackendError, _on_backend_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.add_exception_handler(Exception, _on_unexpected)
+    """Make every error ``app`` answers admin-shaped (chunkstore.http's handlers with ``ENVELOPE``)."""
+    install_shared_handlers(app, ENVELOPE, {AdminError: _on_admin_error, BackendError: _on_backend_error})

@@ -1,8 +1,8 @@
-"""Pure ASGI middleware of the management API: Host check, body limit, response headers and timing.
+"""Pure ASGI middleware of the management API: its Host refusal, response headers and timing.
 
-Invariants: a request whose Host header is missing or not an allowed name gets 400 before anything
-else runs (DNS rebinding); a body declared or found larger than the limit gets 413 and at most the
-limit is ever handed on; every response carries ``Cache-Control: no-store`` and ``nosniff`` and
+Invariants: a request whose Host header is missing or not allowed gets 400 before anything else runs
+(DNS rebinding; the rule is chunkstore.http.hosts', the body limit chunkstore.http.body_limit's, the
+answers ours); every response carries ``Cache-Control: no-store`` and ``nosniff`` and
 never a cookie; the time to each response's start is observed per route template.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chunkstore.api.errors import error_json
@@ -18,35 +19,12 @@ from chunkstore.api.errors import error_json
 _SECURITY_HEADERS = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
 
 
-def host_name(header: str) -> str:
-    """'example.org:8001' -> 'example.org'; '[::1]:8001' -> '::1' (lower case)."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
-    if header.count(":") == 1:
-        return header.split(":", 1)[0]
-    return header
-
-
-class HostCheckMiddleware:
-    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
-        self.app, self.allowed = app, allowed
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            return await self.app(scope, receive, send)
-        raw = dict(scope.get("headers") or ()).get(b"host", b"").decode("latin-1")
-        if host_name(raw) not in self.allowed:
-            response = error_json(400, "bad_host", f"Host {raw!r} is not served here; allowed: "
-                                                   f"{', '.join(sorted(self.allowed))} (--allowed-host adds names)",
-                                  param="Host")
-            return await response(scope, receive, send)
-        await self.app(scope, receive, send)
-
-
-def body_too_large(message: str):
-    """The management API's 413 (for chunkstore.body_limit.BodyLimitMiddleware)."""
-    return error_json(413, "body_too_large", message, headers={"Connection": "close"})
+def host_refusal(allowed: frozenset[str]) -> Callable[[str], Response]:
+    """The management API's 400 for a Host header its rule refuses (chunkstore.http.hosts)."""
+    def refuse(raw_host: str) -> Response:
+        return error_json(400, "bad_host", f"Host {raw_host!r} is not served here; allowed: loopback names, "
+                                           f"{', '.join(sorted(allowed))} (--allowed-host adds names)", param="Host")
+    return refuse
 
 
 class ResponseMiddleware:

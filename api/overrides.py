@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private, write_private_file
+from chunkstore.disk import PRIVATE_FILE_MODE, make_private, write_private_file
 
 log = logging.getLogger(__name__)
 

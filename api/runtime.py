@@ -20,6 +20,7 @@ from chunkstore.api.metrics import AdminMetrics
 from chunkstore.api.overrides import SettingsFile, shadowed
 from chunkstore.api.security import AdminToken, TokenSource, allowed_host_names, is_loopback, resolve_tokens
 from chunkstore.api.settings import AdminSettings
+from chunkstore.http.hosts import HostRule
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class AdminRuntime:
         # tenants configured, anonymous reads would show one tenant's data to anybody.
         self.reads_need_token = not is_loopback(settings.host) or self.token.ring.has_namespace_tokens
         self.allowed_hosts = allowed_host_names(settings)
+        self.host_rule = HostRule.of(self.allowed_hosts)
         self.history = HistoryTable(settings.history_max_rows)
         self.sampler = HistorySampler(backend, self.history, settings.history_interval_s)
         self.jobs = JobRunner(backend, self.history, keep=settings.job_history)

@@ -1,8 +1,8 @@
 """Who is calling the management API, and what they may see and change.
 
-Invariants: a bearer token is compared as its SHA-256 digest with ``hmac.compare_digest`` against
-every known token without stopping early (the time tells neither which token matched nor how much
-of one); tokens are never logged or answered; a generated admin token is written once, with mode
+Invariants: a bearer token is compared as its SHA-256 digest against every known token without
+stopping early (chunkstore.http.bearer: the time tells neither which token matched nor how much of
+one); tokens are never logged or answered; a generated admin token is written once, with mode
 0600, by an exclusive create (two starting processes agree on one token); a namespace caller is
 confined to its namespace (403 elsewhere) and never sees cache-wide figures; an anonymous caller
 (no Authorization header) may only read, and only while the API binds loopback and no namespace has a
@@ -12,9 +12,7 @@ namespace's token, however either was given.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import ipaddress
 import logging
 import os
 import secrets
@@ -23,32 +21,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chunkstore.choices import Choice
-
 from chunkstore.api.settings import TOKEN_FILENAME, AdminSettings
+from chunkstore.choices import Choice
+from chunkstore.http.bearer import DigestRing, token_digest
+from chunkstore.http.hosts import WILDCARD_ADDRESSES, host_name, is_loopback
 
 log = logging.getLogger(__name__)
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` reaches this machine only."""
-    host = host.strip().strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+__all__ = ["LOOPBACK_NAMES", "AdminToken", "Caller", "Role", "TokenRing", "TokenSource", "allowed_host_names",
+           "is_loopback", "load_or_create_token", "resolve_tokens"]
 
 
 def allowed_host_names(settings: AdminSettings) -> frozenset[str]:
-    """Host header names the API answers: loopback names, the bind address unless it is a wildcard,
-    and the configured ones."""
+    """Host header names the API answers besides every loopback name (chunkstore.http.hosts'
+    rule): the usual loopback names, the bind address unless it is a wildcard, and the configured ones."""
     names = set(LOOPBACK_NAMES) | set(settings.allowed_hosts)
-    bind = settings.host.strip().strip("[]").lower()
-    if bind not in ("0.0.0.0", "::", ""):
+    bind = host_name(settings.host)
+    if bind not in WILDCARD_ADDRESSES:
         names.add(bind)
     return frozenset(names)
 
@@ -72,10 +64,6 @@ class Caller:
         return f"namespace token of {self.namespace!r}" if self.is_namespace_scoped else self.role.value
 
 
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
-
-
 class TokenRing:
     """The admin token and the namespace tokens, as digests: the namespace tokens given to the API,
     and ``namespace_digests``, (namespace, SHA-256 digest) pairs of tokens kept elsewhere (the API keys
@@ -84,27 +72,23 @@ class TokenRing:
 
     def __init__(self, admin_token: str, namespace_tokens: list[tuple[str, str]],
                  namespace_digests: Sequence[tuple[str, bytes]] = ()) -> None:
-        admin = _digest(admin_token)
-        scoped = [(_digest(token), ns) for ns, token in namespace_tokens] + [(d, ns) for ns, d in namespace_digests]
+        admin = token_digest(admin_token)
+        scoped = [(token_digest(token), ns) for ns, token in namespace_tokens] + [(d, ns) for ns, d in namespace_digests]
         clash = [ns for digest, ns in scoped if hmac.compare_digest(digest, admin)]
         if clash:
             raise ValueError(f"the admin token is also the token (or API key) of namespace {clash[0]!r}: "
                              f"give the admin a token of its own")
-        self._entries = [(admin, Caller(Role.ADMIN))] + [(digest, Caller(Role.NAMESPACE, ns)) for digest, ns in scoped]
+        self._ring: DigestRing[Caller] = DigestRing(
+            [(admin, Caller(Role.ADMIN))] + [(digest, Caller(Role.NAMESPACE, ns)) for digest, ns in scoped])
 
     @property
     def has_namespace_tokens(self) -> bool:
         """Whether any namespace (tenant) has a token: then every call needs one."""
-        return len(self._entries) > 1
+        return len(self._ring) > 1
 
     def identify(self, token: str) -> Caller | None:
         """The caller whose token this is, else None; constant time in the token's content."""
-        digest = _digest(token)
-        found = None
-        for known, caller in self._entries:  # no early exit
-            if hmac.compare_digest(digest, known):
-                found = caller
-        return found
+        return self._ring.identify(token)
 
 
 class TokenSource(Choice):

@@ -7,21 +7,16 @@ no token is given twice. Nothing here is created at import time: ``create_app`` 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from chunkstore.http.settings import BodyBytes, Port, split_list
+
 ENV_PREFIX = "CHUNKSTORE_ADMIN_"
 TOKEN_FILENAME = "admin-token"
-
-
-def _split(value: Any) -> Any:
-    if isinstance(value, str):  # CHUNKSTORE_ADMIN_ALLOWED_HOSTS="a.example, b.example"
-        return tuple(part for part in re.split(r"[,\s]+", value) if part)
-    return value
 
 
 def parse_namespace_token(entry: str) -> tuple[str, str]:
@@ -38,7 +33,7 @@ class AdminSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True)
 
     host: str = Field("127.0.0.1", description="address the API binds (or, mounted in `serve`, the server's)")
-    port: int = Field(8001, ge=0, le=65535, description="TCP port of `chunkstore admin` (0: any free port)")
+    port: Port = Field(8001, description="TCP port of `chunkstore admin` (0: any free port)")
     token: SecretStr | None = Field(None, description="the admin bearer token (env CHUNKSTORE_ADMIN_TOKEN); "
                                                       "unset: read from, or generated into, token_file")
     token_file: Path | None = Field(None, description="where a generated token is kept (mode 0600); default "
@@ -47,7 +42,8 @@ class AdminSettings(BaseSettings):
         (), description="NAMESPACE=TOKEN entries: tokens that see and change only their namespace")
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="Host header names accepted besides loopback names and the bind address")
-    max_body_bytes: int = Field(64 * 1024, ge=1, description="largest request body; larger ones get 413")
+    max_body_bytes: BodyBytes = Field(64 * 1024, description="largest request body (bytes, or a size such as "
+                                                             "64KiB); larger ones get 413")
     history_interval_s: float = Field(5.0, gt=0, description="seconds between two samples of the stats history")
     history_max_rows: int = Field(17_280, ge=1, description="samples kept (the oldest go first); 17,280 = "
                                                              "one day at 5 s")
@@ -58,7 +54,7 @@ class AdminSettings(BaseSettings):
     @field_validator("namespace_tokens", "allowed_hosts", mode="before")
     @classmethod
     def _split_lists(cls, value: Any) -> Any:
-        return _split(value)
+        return split_list(value)  # CHUNKSTORE_ADMIN_ALLOWED_HOSTS="a.example, b.example"
 
     @field_validator("allowed_hosts")
     @classmethod

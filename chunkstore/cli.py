@@ -126,7 +126,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from chunkstore.disk.maintenance import verify
 
     with _open_store(args, write=args.repair) as store:
-        with _progress(store.index.count(), "verify") as bar:
+        with _progress(store.num_chunks(), "verify") as bar:
             report = verify(store, repair=args.repair, progress=bar.update)
     _emit(args, report, lambda r: [f"{f.name:14} {getattr(r, f.name)}" for f in dataclasses.fields(r)])
     # Orphan and temp files are damage too (what a crash leaves); --repair fixes what it finds.
@@ -153,11 +153,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_evict(args: argparse.Namespace) -> int:
+    from chunkstore.disk.maintenance import evict_bytes
+
     with _open_store(args, write=True) as store:
         if args.namespace is not None and args.bytes is None:
             result = store.delete_namespace(args.namespace)
         else:
-            result = store.evict(args.bytes, namespace=args.namespace)
+            result = evict_bytes(store, args.bytes, namespace=args.namespace)
     summary = {"evicted_chunks": result.num_chunks, "evicted_bytes": result.stored_bytes}
     _emit(args, summary, lambda s: [f"evicted {s['evicted_chunks']} chunks, {s['evicted_bytes']} bytes"])
     return 0
@@ -255,7 +257,7 @@ COMMANDS = (
     Command(("bench", "startup"), "start-up of the CLI and of serve against importing torch and transformers",
             module="chunkstore.bench.startup"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
-            module="chunkstore.server.main"),
+            module="chunkstore.serve"),
     Command(("admin",), "the management REST API alone, over a store on disk", module="chunkstore.api.cli"),
     Command(("soak", "crash"), "kill a writer with SIGKILL at random moments, check every key after",
             module="chunkstore.testing.crash_soak"),

@@ -1,62 +1,65 @@
-"""create_app: the FastAPI application over one running Engine.
+"""create_app: the FastAPI application over one running Engine, with another app optionally mounted in it.
 
 Invariants: everything the routes use is built here and kept in ``app.state`` (engine, settings,
 served model, key ring, requests in flight); nothing is created at import time; the app never
-closes the engine (whoever built it does: ``main.run`` on shutdown, tests in their fixtures); every
-error it answers is OpenAI-shaped; request bodies are limited to ``settings.max_body_bytes``; a
-server on a loopback address answers only requests addressed to a loopback name (host_check.py);
-``GET /metrics`` is the management API's ``/api/v1/metrics`` under another path (the request is
-handed to the mounted admin app unchanged but for its path), so both expose one registry under one
-auth rule, where Prometheus looks for it on SGLang and vLLM servers.
+closes the engine (whoever built it does: ``chunkstore.serve.run`` on shutdown, tests in their
+fixtures); every error it answers is OpenAI-shaped; request bodies are limited to
+``settings.max_body_bytes``; a server on a loopback address answers only requests addressed to a
+loopback name (chunkstore.http.hosts). A mounted app (the management API, passed in by the
+composition root, chunkstore/serve.py: nothing here imports it) owns the paths under its prefix
+and its metrics path: it checks their Host header and body size by its own rules and answers their
+errors, and the server's checks skip them, so every path has one Host check and one body limit.
+``GET /metrics`` is the mounted app's metrics route under another path (the request is handed to it
+unchanged but for its path), where Prometheus looks for it on SGLang and vLLM servers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from fastapi import FastAPI
-from starlette.routing import BaseRoute, Match, NoMatchFound
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp
 
 from chunkstore import __version__
-from chunkstore.body_limit import BodyLimitMiddleware
 from chunkstore.engine import Engine
+from chunkstore.http.body_limit import BodyLimitMiddleware
+from chunkstore.http.hosts import HostCheckMiddleware, HostRule, is_loopback
+from chunkstore.http.routes import AliasRoute
 from chunkstore.server import health, openai_api, sglang_api
 from chunkstore.server.auth import KeyRing
-from chunkstore.server.body_limit import HINT, body_too_large
 from chunkstore.server.deps import ServedModel
-from chunkstore.server.errors import install_error_handlers
+from chunkstore.server.errors import ENVELOPE, install_error_handlers
 from chunkstore.server.handles import InFlight
-from chunkstore.server.host_check import LoopbackHostMiddleware, is_loopback
 from chunkstore.server.settings import ServerSettings
 
-
 METRICS_PATH = "/metrics"  # Prometheus' default metrics_path, where SGLang and vLLM serve theirs
+BODY_LIMIT_HINT = " (the server's --max-body-bytes)"
 
 
-class AliasRoute(BaseRoute):
-    """Hands requests for exactly ``path`` to ``app`` as requests for ``target``: the target's
-    routes, auth and errors answer them, so the alias can never drift from what it aliases."""
+@dataclass(frozen=True, slots=True)
+class MountedApp:
+    """An app the composition root put inside the server: every path under ``prefix`` is its, and
+    ``metrics_path`` (below the prefix, or None) is also answered at ``/metrics``."""
 
-    def __init__(self, path: str, app: ASGIApp, target: str) -> None:
-        self.path, self.app, self.target = path, app, target
-
-    def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        if scope["type"] == "http":
-            path = scope["path"].removeprefix(scope.get("root_path", "") or "")
-            if path == self.path:
-                return Match.FULL, {}
-        return Match.NONE, {}
-
-    def url_path_for(self, name: str, /, **path_params: str):
-        raise NoMatchFound(name, path_params)
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        root = scope.get("root_path", "") or ""
-        target = root + self.target
-        await self.app({**scope, "path": target, "raw_path": target.encode()}, receive, send)
+    prefix: str
+    app: ASGIApp
+    metrics_path: str | None = None
 
 
-def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
-    """The HTTP application serving ``engine`` (already started) with ``settings``."""
+# Attaches an app to the server's app (its routes, its lifespan) and says what it mounted.
+Mount = Callable[[FastAPI], MountedApp]
+
+
+def _refuse_host(raw_host: str) -> JSONResponse:
+    return ENVELOPE.response(400, "invalid_host", "this server listens on a loopback address and answers only "
+                                                  "requests addressed to localhost, 127.0.0.1 or [::1] (Host header)")
+
+
+def create_app(engine: Engine, settings: ServerSettings, *, mount: Mount | None = None) -> FastAPI:
+    """The HTTP application serving ``engine`` (already started) with ``settings``; ``mount``, when
+    given, attaches another app (see ``MountedApp``). Raises what ``mount`` raises."""
     app = FastAPI(title="chunkstore", version=__version__,
                   description="OpenAI- and SGLang-compatible APIs over a tiered KV cache (docs/SERVER.md)")
     app.state.engine = engine
@@ -65,23 +68,18 @@ def create_app(engine: Engine, settings: ServerSettings) -> FastAPI:
     app.state.key_ring = KeyRing(settings.tenants)
     app.state.in_flight = InFlight()
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=body_too_large, hint=HINT)
-    if is_loopback(settings.host):
-        app.add_middleware(LoopbackHostMiddleware)
     app.include_router(health.router)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)
-    # The management API (api/, docs/API.md) under /api/v1, on the same port: the operator's handle
-    # on the running cache. Imported here so that the server package stays importable alone.
-    from chunkstore import api
-    from chunkstore.api.webui import add_webui
-
-    # Each tenant's API key is also its namespace token there, so tenants read their own chunks.
-    admin = api.mount(app, api.CacheBackend(engine.cache, decode=engine.tokenizer.decode,
-                                            serving=engine.serving.snapshot),
-                      api.AdminSettings(host=settings.host, port=settings.port),
-                      namespace_digests=[(t.namespace, t.digest) for t in settings.tenants])
-    app.router.routes.insert(0, AliasRoute(METRICS_PATH, admin, f"{api.API_PREFIX}/metrics"))
-    add_webui(app)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
+    exempt: tuple[str, ...] = ()
+    if mount is not None:
+        mounted = mount(app)
+        exempt = (mounted.prefix,)
+        if mounted.metrics_path is not None:
+            app.router.routes.insert(0, AliasRoute(METRICS_PATH, mounted.app, mounted.metrics_path))
+            exempt += (METRICS_PATH,)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=ENVELOPE.too_large,
+                       hint=BODY_LIMIT_HINT, exempt=exempt)
+    if is_loopback(settings.host):  # added last: runs first
+        app.add_middleware(HostCheckMiddleware, rule=HostRule(), refuse=_refuse_host, exempt=exempt)
     return app
-

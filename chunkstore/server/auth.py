@@ -1,8 +1,8 @@
 """Who is calling, and which cache namespace their requests use.
 
 Invariants: with API keys configured a request is a tenant's only when its bearer token's SHA-256
-equals that tenant's, compared with ``hmac.compare_digest`` against every key without stopping
-early (the time does not tell which key matched, nor how much of one); a tenant's requests always
+equals that tenant's, compared against every key without stopping early (chunkstore.http.bearer:
+the time does not tell which key matched, nor how much of one); a tenant's requests always
 use the tenant's namespace, whatever they ask for (the server decides, so tenants cannot read each
 other's prefixes); without keys the namespace is the ``X-Chunkstore-Namespace`` header, else the
 OpenAI ``user`` field, else ``default`` (empty ones count as not given); a namespace is 1-256
@@ -11,13 +11,13 @@ characters without control characters.
 
 from __future__ import annotations
 
-import hmac
 import unicodedata
 from dataclasses import dataclass
 
 from chunkstore.disk.keys import DEFAULT_NAMESPACE
+from chunkstore.http.bearer import DigestRing, MalformedAuthorization, bearer_token
 from chunkstore.server.errors import ApiError
-from chunkstore.server.settings import Tenant, key_digest
+from chunkstore.server.settings import Tenant
 
 NAMESPACE_HEADER = "X-Chunkstore-Namespace"
 MAX_NAMESPACE_CHARS = 256
@@ -27,31 +27,29 @@ class KeyRing:
     """The configured API keys (as digests), each with its tenant."""
 
     def __init__(self, tenants: tuple[Tenant, ...]) -> None:
-        self._tenants = tenants
+        self._ring: DigestRing[Tenant] = DigestRing((t.digest, t) for t in tenants)
 
     @property
     def is_enabled(self) -> bool:
-        return bool(self._tenants)
+        return len(self._ring) > 0
 
     def identify(self, token: str) -> Tenant | None:
         """The tenant whose key is ``token``, else None. Constant time in the token's content."""
-        digest = key_digest(token)
-        found = None
-        for tenant in self._tenants:  # no early exit: every key is compared
-            if hmac.compare_digest(digest, tenant.digest):
-                found = tenant
-        return found
+        return self._ring.identify(token)
 
     def authenticate(self, authorization: str | None) -> "Caller":
         """The caller of a request with this ``Authorization`` header. Raises ApiError 401 when keys
         are configured and the header does not carry one of them."""
         if not self.is_enabled:
             return Caller(None)
-        scheme, _, token = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        try:
+            token = bearer_token(authorization)
+        except MalformedAuthorization:
+            token = None
+        if token is None:
             raise ApiError(401, "missing API key: send the header `Authorization: Bearer <key>`",
                            code="missing_api_key", headers={"WWW-Authenticate": "Bearer"})
-        tenant = self.identify(token.strip())
+        tenant = self.identify(token)
         if tenant is None:
             raise ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         return Caller(tenant)

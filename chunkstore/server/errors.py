@@ -5,7 +5,8 @@ an unknown route, the body limit), has this shape and a 4xx/5xx status; engine e
 status each (queue full 429 with ``Retry-After``, prompt too long 400, shutting down 503); only our
 own messages reach a client: an unexpected exception (a bug, a torch error) is logged with its
 traceback and answered with a generic 500; the OpenAPI spec documents these answers (400, never
-FastAPI's 422) with their schema; nothing here depends on a route.
+FastAPI's 422) with their schema; nothing here depends on a route. The handlers are chunkstore.http's,
+with this envelope (``ENVELOPE``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI
-from pydantic import BaseModel
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from pydantic import BaseModel
 from starlette.requests import Request
 
 from chunkstore.engine.request import EngineClosedError, InvalidPromptError, PromptTooLongError, QueueFullError
+from chunkstore.http.errors import ErrorEnvelope
+from chunkstore.http.errors import install_error_handlers as install_shared_handlers
 
 log = logging.getLogger(__name__)
 
@@ -125,44 +126,13 @@ async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
     return exc.response()
 
 
-async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    message, param, code = _validation_message(list(exc.errors()))
-    return JSONResponse(error_body(message, status=400, code=code, param=param), status_code=400)
+def _body(status: int, code: str | None, message: str, param: str | None) -> dict:
+    return error_body(message, status=status, code=code, param=param)
 
 
-async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status_code)
-    return JSONResponse(error_body(str(exc.detail), status=exc.status_code, code=code),
-                        status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse(error_body("internal server error", status=500, code="internal_error"), status_code=500)
-
-
-def _without_422(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` without FastAPI's default 422 answers: validation errors are answered 400 here."""
-    for operations in schema.get("paths", {}).values():
-        for operation in operations.values():
-            if isinstance(operation, dict):
-                operation.get("responses", {}).pop("422", None)
-    for name in ("HTTPValidationError", "ValidationError"):
-        schema.get("components", {}).get("schemas", {}).pop(name, None)
-    return schema
+ENVELOPE = ErrorEnvelope(_body, validation_status=400, validation_message=_validation_message)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Make every error ``app`` answers OpenAI-shaped, and its OpenAPI spec say so."""
-    app.add_exception_handler(ApiError, _on_api_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_error)
-    app.add_exception_handler(Exception, _on_unexpected)
-    build_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = _without_422(build_openapi())
-        return app.openapi_schema
-
-    app.openapi = openapi
+    """Make every error ``app`` answers OpenAI-shaped, and its OpenAPI spec say so (400, never 422)."""
+    install_shared_handlers(app, ENVELOPE, {ApiError: _on_api_error})

@@ -19,16 +19,15 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from chunkstore.cache.config import ENV_PREFIX
-from chunkstore.sizes import parse_bytes
+from chunkstore.http.bearer import token_digest
+from chunkstore.http.settings import BodyBytes, Port, split_list
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 _NAMESPACE_PERSON = b"chunkstore-ns"
 
 
-def key_digest(key: str) -> bytes:
-    """SHA-256 of an API key: what the server keeps and compares (equal length whatever the key)."""
-    return hashlib.sha256(key.encode()).digest()
+key_digest = token_digest  # SHA-256 of an API key: what the server keeps and compares
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +66,7 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="forbid", validate_default=True)
 
     host: str = Field("127.0.0.1", description="address to bind")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port (0: any free port, printed at start)")
+    port: Port = Field(8000, description="TCP port (0: any free port, printed at start)")
     model: Path | None = Field(None, description="a local Hugging Face model folder (nothing is downloaded)")
     preset: str = Field("tiny", description="built-in model with seeded weights, when --model is not given")
     served_model_name: str | None = Field(None, description="the model's name in the APIs (default: the "
@@ -81,7 +80,7 @@ class ServerSettings(BaseSettings):
     max_running_requests: int = Field(4, ge=1, description="requests decoded at once, in one batched forward per token")
     api_key: Annotated[tuple[str, ...], NoDecode] = Field(
         (), description="API keys, KEY or NAME=KEY; the environment variable takes several, separated by commas")
-    max_body_bytes: int = Field(8 * 2**20, ge=1, description="largest request body (bytes, or a size such as 8MiB)")
+    max_body_bytes: BodyBytes = Field(8 * 2**20, description="largest request body (bytes, or a size such as 8MiB)")
     shutdown_timeout_s: float = Field(10.0, ge=0, description="on SIGTERM/SIGINT, how long running requests may "
                                                               "finish before they are aborted")
     log_level: str = Field("info", description="log level: " + ", ".join(LOG_LEVELS))
@@ -94,14 +93,7 @@ class ServerSettings(BaseSettings):
     @field_validator("api_key", mode="before")
     @classmethod
     def _split_keys(cls, value: Any) -> Any:
-        if isinstance(value, str):  # CHUNKSTORE_API_KEY="alice=k1, bob=k2"
-            return tuple(part for part in re.split(r"[,\s]+", value) if part)
-        return value
-
-    @field_validator("max_body_bytes", mode="before")
-    @classmethod
-    def _parse_size(cls, value: Any) -> int:
-        return parse_bytes(value)  # one size parser for every flag (chunkstore/sizes.py)
+        return split_list(value)  # CHUNKSTORE_API_KEY="alice=k1, bob=k2"
 
     @field_validator("log_level", mode="before")
     @classmethod

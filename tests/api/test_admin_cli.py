@@ -92,3 +92,19 @@ def test_admin_errors_exit_2(tmp_path, capsys, monkeypatch):
         assert "--read-only" in capsys.readouterr().err
     assert main(["admin", "--disk-path", str(root), "--namespace-token", "broken"]) == 2
     assert "NAMESPACE=TOKEN" in capsys.readouterr().err
+
+
+def test_admin_on_a_taken_port_exits_2(tmp_path, capsys, monkeypatch):
+    """The bind goes through the shared lifecycle (chunkstore.http.lifecycle): a clear reason, exit 2."""
+    import socket
+
+    for name in [k for k in os.environ if k.startswith("CHUNKSTORE_")]:
+        monkeypatch.delenv(name)
+    root = tmp_path / "store"
+    fill_store(root)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["admin", "--disk-path", str(root), "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

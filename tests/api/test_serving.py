@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from chunkstore.engine import Engine, load_model
-from chunkstore.server.app import create_app as create_server
+from chunkstore.serve import create_app as create_server
 from chunkstore.server.settings import ServerSettings
 from tests.api.conftest import live_server, wait_for
 from tests.server.conftest import cache_config

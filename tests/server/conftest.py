@@ -21,7 +21,7 @@ import uvicorn
 
 from chunkstore.cache.config import CacheConfig
 from chunkstore.engine import Engine, load_model
-from chunkstore.server.app import create_app
+from chunkstore.serve import create_app
 from chunkstore.server.lifecycle import bind
 from chunkstore.server.settings import ServerSettings
 from chunkstore.disk.store import ChunkStore, read_identity

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from chunkstore.cli import main
 from chunkstore.engine import EngineConfig
-from chunkstore.server.main import add_arguments, run, settings_from_args
+from chunkstore.serve import add_arguments, run, settings_from_args
 from chunkstore.server.settings import ServerSettings, Tenant
 
 

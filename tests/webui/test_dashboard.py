@@ -11,7 +11,7 @@ import pytest
 
 from chunkstore.api import AdminSettings, StoreBackend, create_app
 from chunkstore.engine import Engine
-from chunkstore.server.app import create_app as create_server_app
+from chunkstore.serve import create_app as create_server_app
 from chunkstore.server.lifecycle import bind
 from chunkstore.server.settings import ServerSettings
 from tests.server.conftest import STORY, LiveServer, cache_config

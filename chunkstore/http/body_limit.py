@@ -4,8 +4,9 @@ Shared by the server (chunkstore/server/) and the management API (api/), each wi
 shape. Invariants: a request that declares a larger Content-Length gets 413 before any of its body
 is read; a body that grows past the limit while streaming in (chunked, or lying about its length)
 is cut off at the limit and gets 413 (raised as an HTTPException, so the app's handlers shape it);
-at most ``max_bytes`` of a body are ever handed to the app. Pure ASGI: no buffering, works under
-streaming responses.
+at most ``max_bytes`` of a body are ever handed to the app; paths under ``exempt`` belong to a
+mounted app that applies its own limit, so every path has exactly one. Pure ASGI: no buffering,
+works under streaming responses.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chunkstore.http.routes import is_under
+
 
 class BodyLimitMiddleware:
     """``too_large(message)`` builds the 413 response sent when the declared length is too large."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, too_large: Callable[[str], Response],
-                 hint: str = "") -> None:
-        self.app, self.max_bytes, self.too_large = app, max_bytes, too_large
+                 hint: str = "", exempt: tuple[str, ...] = ()) -> None:
+        self.app, self.max_bytes, self.too_large, self.exempt = app, max_bytes, too_large, exempt
         self.message = f"the request body is larger than {max_bytes} bytes{hint}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or is_under(scope, self.exempt):
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:

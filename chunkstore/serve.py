@@ -1,5 +1,8 @@
-"""`chunkstore serve`: one process running the engine and the HTTP server, and its orderly shutdown.
+"""`chunkstore serve`: the composition root of one process running the engine, the server and the
+management API, and its orderly shutdown.
 
+It sits above both apps: ``create_app`` builds the server's app (chunkstore.server) and mounts the
+management API (chunkstore.api) and its dashboard in it, so neither app imports the other.
 Invariants: flags override CHUNKSTORE_* environment variables, which override defaults (the cache's
 flags are chunkstore.cache.config's); nothing is downloaded; on SIGTERM or SIGINT the server stops
 accepting connections, lets running requests finish for ``shutdown_timeout_s``, aborts the rest
@@ -111,8 +114,29 @@ def _data_folder(engine, cache_config: CacheConfig) -> str:
     return str(store.root) if store is not None else f"{cache_config.disk_path} (no disk tier)"
 
 
+def create_app(engine, settings: ServerSettings):
+    """The app of `chunkstore serve`: the server's APIs over ``engine``, the management API under
+    /api/v1 (its own Host rule, body limit and errors; each tenant's API key is also its namespace
+    token there, so tenants read their own chunks) with its metrics also at /metrics, and the
+    dashboard at /. Raises ValueError when the management API has no admin token to be had, or its
+    admin token is also a tenant's key."""
+    from chunkstore import api  # fastapi: only now
+    from chunkstore.api.webui import add_webui
+    from chunkstore.server.app import MountedApp
+    from chunkstore.server.app import create_app as create_server_app
+
+    def mount_admin(parent) -> MountedApp:
+        backend = api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot)
+        admin = api.mount(parent, backend, api.AdminSettings(host=settings.host, port=settings.port),
+                          namespace_digests=[(t.namespace, t.digest) for t in settings.tenants])
+        add_webui(parent)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
+        return MountedApp(api.API_PREFIX, admin, metrics_path=f"{api.API_PREFIX}/metrics")
+
+    return create_server_app(engine, settings, mount=mount_admin)
+
+
 def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
-    from chunkstore.server.app import create_app
+    from chunkstore.http.lifecycle import url_of
     from chunkstore.server.lifecycle import bind, serve_until_signal
 
     try:
@@ -120,9 +144,7 @@ def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     except ValueError as exc:  # no admin token to be had, or it is also a tenant's key
         raise _Exit(f"cannot start the management API: {exc}") from None
     sock = bind(settings.host, settings.port)
-    host, port = sock.getsockname()[:2]
-    url_host = f"[{host}]" if ":" in host else host
-    print(f"chunkstore serve: http://{url_host}:{port} model {settings.model_name!r} "
+    print(f"chunkstore serve: {url_of(sock)} model {settings.model_name!r} "
           f"({engine.loaded.model_id}, {engine.loaded.device}), data in {_data_folder(engine, cache_config)}", flush=True)
     serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s)
     return 0
