@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from chunkstore.disk.files import Durability
+from chunkstore.disk import Durability
 from chunkstore.disk.maintenance import Progress, RebuildReport
 from chunkstore.disk.maintenance import rebuild as rebuild_index
 from chunkstore.disk.store import ChunkStore, read_identity

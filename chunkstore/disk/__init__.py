@@ -20,17 +20,30 @@ EXPORTS = {
     "chain_pages": "chunkstore.disk.keys", "page_key": "chunkstore.disk.keys", "root_key": "chunkstore.disk.keys",
     "ChunkStore": "chunkstore.disk.store", "EvictResult": "chunkstore.disk.store", "PutResult": "chunkstore.disk.store",
     "StoreBusyError": "chunkstore.disk.store", "StoreStats": "chunkstore.disk.store",
-    "store_root": "chunkstore.disk.store",
+    "store_root": "chunkstore.disk.store", "ReadOnlyStoreError": "chunkstore.disk.store",
+    # the types the store's methods take and return
+    "ChunkHeader": "chunkstore.disk.chunkfile",
+    "ChunkOrder": "chunkstore.disk.index", "ChunkQuery": "chunkstore.disk.index", "ChunkRow": "chunkstore.disk.index",
+    "IndexMissingError": "chunkstore.disk.index",
+    "EvictionPlan": "chunkstore.disk.eviction", "EvictionSelection": "chunkstore.disk.eviction",
+    "ChunkNotStoredError": "chunkstore.disk.eviction", "StrandedDescendantsError": "chunkstore.disk.eviction",
+    # owner-only files (the store's own, and any other a caller keeps beside it)
+    "PRIVATE_FILE_MODE": "chunkstore.disk.files", "make_private": "chunkstore.disk.files",
+    "write_private_file": "chunkstore.disk.files",
 }
 
 __all__ = sorted(EXPORTS)
 
 if TYPE_CHECKING:
+    from chunkstore.disk.chunkfile import ChunkHeader
     from chunkstore.disk.codec import Codec, CorruptChunkError
-    from chunkstore.disk.files import Durability
+    from chunkstore.disk.eviction import ChunkNotStoredError, EvictionPlan, EvictionSelection, StrandedDescendantsError
+    from chunkstore.disk.files import PRIVATE_FILE_MODE, Durability, make_private, write_private_file
     from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
+    from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError
     from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, page_key, root_key
-    from chunkstore.disk.store import ChunkStore, EvictResult, PutResult, StoreBusyError, StoreStats, store_root
+    from chunkstore.disk.store import (ChunkStore, EvictResult, PutResult, ReadOnlyStoreError, StoreBusyError,
+                                       StoreStats, store_root)
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ from tests.server.conftest import REPO
 
 
 def test_every_file_of_the_dashboard_is_package_data():
-    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["webui"]
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["chunkstore.webui"]
     for path in WEBUI_DIR.rglob("*"):
         if path.is_file() and "__pycache__" not in path.parts:
             name = path.relative_to(WEBUI_DIR).as_posix()
