@@ -43,6 +43,20 @@ def verdict(result: dict, name: str) -> tuple[str, str]:
     return t["target"], "pass" if t["pass"] else "FAIL"
 
 
+Row = tuple[str, str, str, str]  # label, value, target, verdict ("" for a figure without a target)
+
+
+def table_lines(rows: list[Row], *, value_width: int = 8, target_width: int = 7) -> list[str]:
+    """The rows of a benchmark's table, labels padded to the longest."""
+    width = max(len(row[0]) for row in rows)
+    return [f"{a:<{width}}  {b:>{value_width}}  {c:<{target_width}} {d}".rstrip() for a, b, c, d in rows]
+
+
+def verdict_line(result: dict, why: str = "shared machines swing +-25%") -> str:
+    """The table's last line: whether every recorded target was met."""
+    return "all targets met" if result["all_pass"] else f"some targets missed ({why})"
+
+
 def make_cold(paths: Iterable[Path]) -> str:
     """Evict ``paths`` (files, already fsynced) from the page cache; returns the method used:
     'drop_caches' (the whole cache, needs root), 'fadvise_dontneed' (each file), or 'none'."""

@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from chunkstore.bench.common import Target, record_targets, verdict
+from chunkstore.bench.common import Target, record_targets, table_lines, verdict, verdict_line
 from chunkstore.output import add_output_arguments, check_output_path, emit_result
 
 BASELINE_CODE = "import torch, transformers"
@@ -152,11 +152,8 @@ def format_table(r: dict) -> str:
         ("serve, restart on that folder: first /health", f"{s['serve_restart']:.2f} s", "", ""),
         ("  / import", f"{r['serve_restart_vs_import']:.2f}", *verdict(r, "serve_restart_vs_import")),
     ]
-    width = max(len(row[0]) for row in rows)
     head = f"start-up, fastest of {r['config']['runs']} runs each"
-    lines = [head, ""] + [f"{a:<{width}}  {b:>8}  {c:<7} {d}".rstrip() for a, b, c, d in rows]
-    lines += ["", "all targets met" if r["all_pass"] else "some targets missed (shared machines swing +-25%)"]
-    return "\n".join(lines)
+    return "\n".join([head, "", *table_lines(rows), "", verdict_line(r)])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

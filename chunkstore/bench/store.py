@@ -37,6 +37,8 @@ from chunkstore.bench.common import (
     files_under,
     make_cold,
     record_targets,
+    table_lines,
+    verdict_line,
 )
 from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import (
@@ -522,13 +524,10 @@ def format_table(r: dict) -> str:
             f"({r['page_size_bytes'] / MIB:.2f} MiB each, {r['num_pages'] * r['page_size_bytes'] / MIB:.0f} MiB), "
             f"{r['kv_source']} KV, codec {r['codec']}, {w} write threads, {r['read_threads']} read threads, batches of {r['batch_pages']}, "
             f"cold reads: {r['cold_method']}, load average {r['load_average_1m']:.1f}")
-    width = max(len(row[0]) for row in rows)
-    lines = [head, ""]
-    lines += [f"{a:<{width}}  {b:>9}  {c:<8} {d}".rstrip() for a, b, c, d in rows]
+    lines = [head, "", *table_lines(rows, value_width=9, target_width=8)]
     if r["cold_method"] == "none":
         lines.append("warning: could not drop the page cache; load figures may be warm reads")
-    lines.append("")
-    lines.append("all targets met" if r["all_pass"] else "some targets missed (figures swing +-25% on a shared disk)")
+    lines += ["", verdict_line(r, "figures swing +-25% on a shared disk")]
     if r["store_dir"]:
         lines.append(f"kept: {r['store_dir']} and {r['index_store_dir']}")
     return "\n".join(lines)

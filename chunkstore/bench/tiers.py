@@ -29,6 +29,8 @@ from chunkstore.bench.common import (
     files_under,
     make_cold,
     record_targets,
+    table_lines,
+    verdict_line,
 )
 from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import KVSource, make_pages
@@ -284,10 +286,7 @@ def format_table(r: dict) -> str:
     head = (f"chunkstore bench tiers: pages {shape} {r['dtype']} ({r['page_size_bytes'] / MIB:.2f} MiB), "
             f"{r['transfer_pages']} pages moved per path in loads of {r['batch_pages']}, device {r['device']}, "
             f"cold reads: {r['cold_method']}")
-    width = max(len(row[0]) for row in rows)
-    lines = [head, ""] + [f"{a:<{width}}  {b:>8}  {c:<7} {d}".rstrip() for a, b, c, d in rows]
-    lines += ["", "all targets met" if r["all_pass"] else "some targets missed (shared machines swing +-25%)"]
-    return "\n".join(lines)
+    return "\n".join([head, "", *table_lines(rows), "", verdict_line(r)])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
