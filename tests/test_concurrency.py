@@ -202,12 +202,12 @@ def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
             assert b_half_written.wait(20)
         a.join(60)  # the first put publishes and commits
         assert results["a"].stored == [page.key]
-        status, _, _ = check_file(store, page.key)
+        check = check_file(store, page.key)
     finally:
         b_resume.set()
         b.join(60)
         store.close()
-    assert status == "ok", f"a page put() reported stored has a bad file: {status}"
+    assert check.is_ok, f"a page put() reported stored has a bad file: {check.text}"
 
 
 _HOLDER = textwrap.dedent("""

@@ -168,7 +168,7 @@ def get_chunk(key: KeyPath, caller: ReaderDep, backend: BackendDep) -> ChunkDeta
         except Exception:  # a tokenizer that cannot decode these ids: show the ids only
             text = None
     base = ChunkPublic.of(row, _memory_keys(backend, row.namespace))
-    return ChunkDetail(**base.model_dump(), file=ChunkFilePublic.of(check.status, check.size_bytes, check.header),
+    return ChunkDetail(**base.model_dump(), file=ChunkFilePublic.of(check.text, check.size_bytes, check.header),
                        token_ids=token_ids, text=text, is_content_hidden=is_content_hidden,
                        num_children=num_children, is_parent_stored=is_parent_stored)
 

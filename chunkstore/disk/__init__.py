@@ -23,6 +23,7 @@ EXPORTS = {
     "store_root": "chunkstore.disk.store", "ReadOnlyStoreError": "chunkstore.disk.store",
     # the types the store's methods take and return
     "ChunkHeader": "chunkstore.disk.chunkfile",
+    "FileCheck": "chunkstore.disk.file_check", "FileStatus": "chunkstore.disk.file_check",
     "ChunkOrder": "chunkstore.disk.index", "ChunkQuery": "chunkstore.disk.index", "ChunkRow": "chunkstore.disk.index",
     "IndexMissingError": "chunkstore.disk.index",
     "EvictionPlan": "chunkstore.disk.eviction", "EvictionSelection": "chunkstore.disk.eviction",
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from chunkstore.disk.chunkfile import ChunkHeader
     from chunkstore.disk.codec import Codec, CorruptChunkError
     from chunkstore.disk.eviction import ChunkNotStoredError, EvictionPlan, EvictionSelection, StrandedDescendantsError
+    from chunkstore.disk.file_check import FileCheck, FileStatus
     from chunkstore.disk.files import PRIVATE_FILE_MODE, Durability, make_private, write_private_file
     from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
     from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError

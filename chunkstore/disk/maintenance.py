@@ -21,6 +21,7 @@ from pathlib import Path
 
 from chunkstore.disk.chunkfile import ChunkHeader
 from chunkstore.disk.eviction import EvictionSelection
+from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.store import STORE_WIDE, ChunkStore, EvictResult
 
@@ -73,11 +74,12 @@ def _chunked(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
-def check_file(store: ChunkStore, key: bytes, row: ChunkRow | None = None) -> tuple[str, ChunkHeader | None, int]:
-    """('ok' | 'missing' | reason, header, file size) for the file of ``key``, fully verified
-    (and, given its index ``row``, agreeing with it)."""
-    check = store.verify_file(key, row=row)
-    return check.status, check.header, check.size_bytes
+def check_file(store: ChunkStore, key: bytes | None, row: ChunkRow | None = None) -> FileCheck:
+    """What the file of ``key`` holds, fully verified (and, given its index ``row``, agreeing with
+    it); a path whose name is no key is corrupt."""
+    if key is None:
+        return FileCheck.corrupt("bad name")
+    return store.verify_file(key, row=row)
 
 
 def _row_from(header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
@@ -101,16 +103,16 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
     for rows in _chunked(store.iter_rows(), _BATCH):
         results = store.map_workers(lambda r: check_file(store, r.key, r), rows)
         missing: list[bytes] = []
-        for row, (status, _, _) in zip(rows, results):
+        for row, check in zip(rows, results):
             report.checked += 1
-            if status == "ok":
+            if check.is_ok:
                 report.ok += 1
-            elif status == "missing":
+            elif check.status is FileStatus.MISSING:
                 report.missing += 1
                 missing.append(row.key)
             else:
                 report.corrupt += 1
-                if repair and store.quarantine(row.key, row.namespace, status, row=row):
+                if repair and store.quarantine(row.key, row.namespace, check.text, row=row):
                     report.quarantined += 1
         if repair and missing:
             report.rows_dropped += store.drop_missing(missing)
@@ -167,10 +169,10 @@ def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
         report.orphans += len(orphans)
         results = store.map_workers(lambda k: check_file(store, k), orphans)
         rows = []
-        for key, (status, header, size) in zip(orphans, results):
-            if status == "ok" and header is not None:
-                rows.append(_row_from(header, size, _mtime(store, key)))
-            elif status != "missing" and store.quarantine(key, STORE_WIDE, status):
+        for key, check in zip(orphans, results):
+            if check.is_ok:
+                rows.append(_row_from(check.header, check.size_bytes, _mtime(store, key)))
+            elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.adopted += store.adopt(rows)
 
@@ -181,13 +183,13 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
     report = RebuildReport()
     keys = (store.files.key_from_path(p) for p in store.files.iter_chunk_paths())
     for batch in _chunked(keys, _BATCH):
-        results = store.map_workers(lambda k: check_file(store, k) if k else ("bad name", None, 0), batch)
+        results = store.map_workers(lambda k: check_file(store, k), batch)
         rows = []
-        for key, (status, header, size) in zip(batch, results):
+        for key, check in zip(batch, results):
             report.scanned += 1
-            if status == "ok" and header is not None:
-                rows.append(_row_from(header, size, _mtime(store, key)))
-            elif key is not None and status != "missing" and store.quarantine(key, STORE_WIDE, status):
+            if check.is_ok:
+                rows.append(_row_from(check.header, check.size_bytes, _mtime(store, key)))
+            elif key is not None and check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.indexed += store.adopt(rows)
         if progress:

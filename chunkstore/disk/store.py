@@ -45,9 +45,10 @@ from chunkstore.disk.chunkfile import ChunkHeader, decode_chunk, encode_header, 
 from chunkstore.disk.codec import Codec, CorruptChunkError, encode
 from chunkstore.disk.files import (PRIVATE_FILE_MODE, ChunkFiles, Durability, ReadBuffers, make_private,
                               make_private_dir, write_private_file)
-from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
 from chunkstore.disk.eviction import EvictionPlan, EvictionSelection
 from chunkstore.disk.eviction import plan as plan_of
+from chunkstore.disk.file_check import FileCheck, FileStatus
+from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
 from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, NamespaceUsage, Victim, db_files
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
@@ -129,13 +130,6 @@ class PutResult:
     @property
     def ok(self) -> bool:
         return not self.failed
-
-
-@dataclass(frozen=True, slots=True)
-class FileCheck:
-    status: str  # "ok", "missing", or why the file is corrupt
-    header: ChunkHeader | None = None
-    size_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,17 +569,17 @@ class ChunkStore:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
         present = self._index.present([p.key for p in pages])
-        statuses = self._load_many([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
+        checks = self._load_many([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
         hits: list[bool] = []
         missing: list[PageRef] = []
         corrupt: list[tuple[PageRef, str]] = []
         for i, p in enumerate(pages):
-            status = statuses.get(i, "absent")
-            hits.append(status == "ok")
-            if status == "missing":
+            check = checks.get(i)  # None: not in the index
+            hits.append(check is not None and check.is_ok)
+            if check is not None and check.status is FileStatus.MISSING:
                 missing.append(p)
-            elif status not in ("ok", "absent"):
-                corrupt.append((p, status))
+            elif check is not None and check.is_bad:
+                corrupt.append((p, check.text))
         hit_pages = [p for p, h in zip(pages, hits) if h]
         try:
             self._index.touch(p.key for p in hit_pages)  # may flush a full buffer to the index
@@ -599,20 +593,20 @@ class ChunkStore:
             self._quarantine(p.key, p.namespace, why, p)
         return hits
 
-    def _load_many(self, jobs: list[tuple[int, PageRef, torch.Tensor]]) -> dict[int, str]:
+    def _load_many(self, jobs: list[tuple[int, PageRef, torch.Tensor]]) -> dict[int, FileCheck]:
         """Read files on the I/O threads and decode each as soon as its read lands, so the disk
-        stays busy while the cores decode; returns 'ok', 'missing' or why, per job index."""
+        stays busy while the cores decode; returns what each job's file check found, per job index."""
         reads = {self._io_pool.submit(self._read_page, p): (i, p, out) for i, p, out in jobs}
-        statuses: dict[int, str] = {}
+        statuses: dict[int, FileCheck] = {}
         decodes = {}
         handed_over: set = set()
         try:
             for fut in as_completed(reads):
                 i, page, out = reads[fut]
-                buf, view, status = fut.result()
+                buf, view, failed = fut.result()
                 handed_over.add(fut)
                 if view is None:
-                    statuses[i] = status
+                    statuses[i] = failed
                 else:
                     decodes[i] = self._decode_pool.submit(self._decode_page, page, out, buf, view)
         except BaseException:
@@ -629,31 +623,32 @@ class ChunkStore:
             statuses[i] = fut.result()
         return statuses
 
-    def _read_page(self, page: PageRef) -> tuple[mmap.mmap | None, memoryview | None, str]:
+    def _read_page(self, page: PageRef) -> tuple[mmap.mmap | None, memoryview | None, FileCheck | None]:
+        """(buffer, view, None) once read, or (None, None, what failed)."""
         buf = self._read_buffers.acquire()
         try:
-            return buf, self.files.read(page.key, self._max_file_bytes, buffer=buf), "read"
+            return buf, self.files.read(page.key, self._max_file_bytes, buffer=buf), None
         except FileNotFoundError:
-            status = "missing"
+            failed = FileCheck.missing()
         except OSError as exc:
-            status = f"unreadable: {exc}"
+            failed = FileCheck.unreadable(exc)
         except BaseException:
             self._read_buffers.release(buf)
             raise
         self._read_buffers.release(buf)
-        return None, None, status
+        return None, None, failed
 
-    def _decode_page(self, page: PageRef, out: torch.Tensor, buf: mmap.mmap, view: memoryview) -> str:
+    def _decode_page(self, page: PageRef, out: torch.Tensor, buf: mmap.mmap, view: memoryview) -> FileCheck:
         try:
             if out.device.type == "cpu" and out.is_contiguous():
-                return self._verify_view(page.key, view, page, page_tensor_bytes(out)).status
+                return self._verify_view(page.key, view, page, page_tensor_bytes(out))
             import torch
 
             tmp = torch.empty(self.identity.page_shape, dtype=self.torch_dtype)
-            status = self._verify_view(page.key, view, page, page_tensor_bytes(tmp)).status
-            if status == "ok":
+            check = self._verify_view(page.key, view, page, page_tensor_bytes(tmp))
+            if check.is_ok:
                 out.copy_(tmp)
-            return status
+            return check
         finally:
             view.release()
             self._read_buffers.release(buf)
@@ -665,9 +660,9 @@ class ChunkStore:
         try:
             data = self.files.read(key, self._max_file_bytes)
         except FileNotFoundError:
-            return FileCheck("missing")
+            return FileCheck.missing()
         except OSError as exc:
-            return FileCheck(f"unreadable: {exc}")
+            return FileCheck.unreadable(exc)
         return self._verify_view(key, data, page, out, row)
 
     def _verify_view(self, key: bytes, data: memoryview, page: PageRef | None = None,
@@ -681,8 +676,8 @@ class ChunkStore:
             if row is not None and (header.parent_key, header.namespace) != (row.parent_key, row.namespace):
                 raise CorruptChunkError("parent key or namespace differs from the index row")
         except CorruptChunkError as exc:
-            return FileCheck(str(exc) or "corrupt", None, len(data))
-        return FileCheck("ok", header, len(data))
+            return FileCheck.corrupt(str(exc), len(data))
+        return FileCheck.ok(header, len(data))
 
     @staticmethod
     def _check_identity_of(header: ChunkHeader, page: PageRef) -> None:
@@ -706,8 +701,7 @@ class ChunkStore:
             log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
             return False
         with self._index.write_lock:
-            status = self.verify_file(key, page, row=row).status
-            if status == "ok":
+            if self.verify_file(key, page, row=row).is_ok:
                 return False
             self._index.delete([key])
             moved = self.files.quarantine(key)

@@ -1,0 +1,57 @@
+"""What verifying one chunk file found: a status from a closed set, and for a bad file why.
+
+Invariant: ``status`` is one of ``FileStatus``; ``reason`` is empty for ``OK`` and ``MISSING`` and
+says what failed otherwise; ``text`` is the one string shown to people and written to logs and
+the management API ("ok", "missing", or the reason).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from chunkstore.disk.chunkfile import ChunkHeader
+
+
+class FileStatus(enum.Enum):
+    OK = "ok"
+    MISSING = "missing"  # no file (the row, if any, is stale)
+    UNREADABLE = "unreadable"  # the file exists and reading it failed (an I/O error)
+    CORRUPT = "corrupt"  # read, and failed verification (checksum, header, identity, row)
+
+
+@dataclass(frozen=True, slots=True)
+class FileCheck:
+    status: FileStatus
+    header: ChunkHeader | None = None
+    size_bytes: int = 0
+    reason: str = ""
+
+    @property
+    def is_ok(self) -> bool:
+        return self.status is FileStatus.OK
+
+    @property
+    def is_bad(self) -> bool:
+        """Present and not usable: what a repair quarantines."""
+        return self.status in (FileStatus.UNREADABLE, FileStatus.CORRUPT)
+
+    @property
+    def text(self) -> str:
+        return self.reason or self.status.value
+
+    @classmethod
+    def ok(cls, header: ChunkHeader, size_bytes: int) -> "FileCheck":
+        return cls(FileStatus.OK, header, size_bytes)
+
+    @classmethod
+    def missing(cls) -> "FileCheck":
+        return cls(FileStatus.MISSING)
+
+    @classmethod
+    def unreadable(cls, exc: OSError) -> "FileCheck":
+        return cls(FileStatus.UNREADABLE, reason=f"unreadable: {exc}")
+
+    @classmethod
+    def corrupt(cls, reason: str, size_bytes: int = 0) -> "FileCheck":
+        return cls(FileStatus.CORRUPT, None, size_bytes, reason or "corrupt")
