@@ -19,10 +19,6 @@ def kv_pages(identity: ModelIdentity, num_pages: int, seed: int = 0) -> list[tor
     return [(torch.randn(shape, generator=g) * scale).to(dtype) for _ in range(num_pages)]
 
 
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
 @pytest.fixture
 def identity() -> ModelIdentity:
     return TINY

@@ -19,7 +19,8 @@ from chunkstore.disk.codec import encode
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.maintenance import verify
 from chunkstore.disk.store import page_tensor_bytes
-from tests.conftest import kv_pages, same_bytes
+from chunkstore.testing.tensors import same_bytes
+from tests.conftest import kv_pages
 
 VICTIM = 3  # a page in the middle of the chain: corrupting it must not hide its neighbours
 

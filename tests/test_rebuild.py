@@ -20,7 +20,8 @@ from chunkstore.cli import main
 from chunkstore.disk.index import ChunkIndex, db_files
 from chunkstore.disk.keys import PageRef
 from chunkstore.disk.maintenance import gc, rebuild, verify
-from tests.conftest import TINY, kv_pages, same_bytes
+from chunkstore.testing.tensors import same_bytes
+from tests.conftest import TINY, kv_pages
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import torch
 from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, chain_pages
 from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.disk.store import TORCH_DTYPES
-from tests.conftest import kv_pages, same_bytes
+from chunkstore.testing.tensors import same_bytes
+from tests.conftest import kv_pages
 
 
 def test_put_get_round_trip(store, chain):

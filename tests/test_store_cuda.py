@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from chunkstore import ChunkStore
-from tests.conftest import same_bytes
+from chunkstore.testing.tensors import same_bytes
 
 pytestmark = [
     pytest.mark.cuda,

@@ -52,13 +52,14 @@ from chunkstore.disk.codec import Codec
 from chunkstore.disk.identity import DTYPE_ITEMSIZE, ModelIdentity
 from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
-from chunkstore.output import add_output_arguments, check_output_path, emit_result
 from chunkstore.disk.store import (
     TORCH_DTYPES,
     ChunkStore,
     default_num_workers,
     page_tensor_bytes,
 )
+from chunkstore.output import add_output_arguments, check_output_path, emit_result
+from chunkstore.testing.tensors import same_bytes
 
 SERVE_PAGE_SIZE = CacheConfig.model_fields["page_size"].default  # `chunkstore serve`'s page size
 
@@ -226,10 +227,6 @@ def _rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # bytes: NaN-safe
-
-
 def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: list[PageRef]) -> dict:
     """Save and load through the store, and write and read the same pages as plain files."""
     identity, workers, n = cfg.identity, cfg.workers, len(refs)
@@ -299,7 +296,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
                 for name, step in _rotated(read_steps, k):
                     dest.view(torch.uint8).fill_(0xA5)  # a step that loads nothing cannot pass
                     reads.timed(name, lambda: step(b))
-                    if not _same_bytes(dest[: len(b)], pages[b.start : b.stop]):
+                    if not same_bytes(dest[: len(b)], pages[b.start : b.stop]):
                         raise RuntimeError(f"{name} loaded bytes that differ from the pages written")
                 bar.update(len(b))
     finally:

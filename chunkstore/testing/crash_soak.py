@@ -35,8 +35,9 @@ import torch
 from chunkstore.disk.files import Durability
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.keys import PageRef, chain_pages
-from chunkstore.output import add_json_flag
 from chunkstore.disk.store import ChunkStore, read_identity
+from chunkstore.output import add_json_flag
+from chunkstore.testing.tensors import same_bytes
 
 SOAK_IDENTITY = ModelIdentity("soak", "bfloat16", 2, 2, 16, 4)
 NAMESPACES = ("default", "ns1")
@@ -92,10 +93,6 @@ def expected_page(key: bytes) -> torch.Tensor:
     """The KV the writer stores under ``key``: a function of the key bytes alone."""
     g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little"))
     return (torch.randn(SOAK_IDENTITY.page_shape, generator=g) * 0.5).to(torch.bfloat16)
-
-
-def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 def plan(seed: int) -> Iterator[Step]:

@@ -15,7 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cache import DevicePool, HostPool, KVLayout, PagePool, PoolExhaustedError, default_device
-from tests.conftest import TINY, kv_pages, same_bytes
+from chunkstore.testing.tensors import bits, same_bytes
+from tests.conftest import TINY, kv_pages
 
 LAYOUT = KVLayout.from_identity(TINY)
 DTYPES = ["bfloat16", "float16", "float32"]
@@ -26,10 +27,6 @@ def random_pages(layout: KVLayout, n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     raw = torch.randint(0, 256, (n, layout.page_size_bytes), dtype=torch.uint8, generator=g)
     return raw.view(layout.torch_dtype).reshape(n, *layout.page_shape)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.uint8)
 
 
 def layout_of(dtype: str) -> KVLayout:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from chunkstore.cache import DevicePool, HostPool, KVLayout, default_device
+from chunkstore.testing.tensors import bits
 
 pytestmark = [
     pytest.mark.cuda,
@@ -23,10 +24,6 @@ def random_pages(layout: KVLayout, n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     raw = torch.randint(0, 256, (n, layout.page_size_bytes), dtype=torch.uint8, generator=g)
     return raw.view(layout.torch_dtype).reshape(n, *layout.page_shape)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.cpu().contiguous().view(torch.uint8)
 
 
 def test_pools_live_where_they_should():

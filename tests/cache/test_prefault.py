@@ -12,7 +12,8 @@ import torch
 
 from chunkstore.cache import CacheConfig, KVLayout, PagePool
 from chunkstore.cache.tiered import TieredCache
-from tests.cache.test_pools import bits, random_pages
+from chunkstore.testing.tensors import bits
+from tests.cache.test_pools import random_pages
 from tests.conftest import TINY
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=64, dtype="bfloat16", page_size=64)  # 64 KiB pages

@@ -24,6 +24,7 @@ from chunkstore.cache import CacheConfig, KVLayout, PoolExhaustedError
 from chunkstore.cache.tiered import PrefixHit, TieredCache
 from chunkstore.cache.tiers import Tier
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
+from chunkstore.testing.tensors import bits
 from tests.conftest import TINY
 
 P = TINY.page_size
@@ -45,10 +46,6 @@ def page_kv(key: bytes) -> torch.Tensor:
     g = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1)
     raw = torch.randint(0, 256, (PAGE_BYTES,), dtype=torch.uint8, generator=g)
     return raw.view(LAYOUT.torch_dtype).reshape(LAYOUT.page_shape)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().view(torch.uint8)
 
 
 def keys_of(tokens, ns: str = DEFAULT_NAMESPACE) -> list[bytes]:
