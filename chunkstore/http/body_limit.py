@@ -2,7 +2,9 @@
 
 Shared by the server (chunkstore/server/) and the management API (api/), each with its own error
 shape. Invariants: a request that declares a larger Content-Length gets 413 before any of its body
-is read; a body that grows past the limit while streaming in (chunked, or lying about its length)
+reaches the app (a declared body up to ``DRAIN_MAX_BYTES`` is read and dropped first, a chunk at a
+time: a client still sending when the answer comes would otherwise see its connection reset and
+lose the 413; a larger one is answered at once); a body that grows past the limit while streaming in (chunked, or lying about its length)
 is cut off at the limit and gets 413 (raised as an HTTPException, so the app's handlers shape it);
 at most ``max_bytes`` of a body are ever handed to the app; paths under ``exempt`` belong to a
 mounted app that applies its own limit, so every path has exactly one. Pure ASGI: no buffering,
@@ -19,6 +21,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chunkstore.http.routes import is_under
 
+DRAIN_MAX_BYTES = 1 << 20
+
+
+async def _drain(receive: Receive) -> None:
+    """Read the rest of a refused request's body and drop it."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
 
 class BodyLimitMiddleware:
     """``too_large(message)`` builds the 413 response sent when the declared length is too large."""
@@ -33,6 +45,8 @@ class BodyLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or ()).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            if int(declared) <= DRAIN_MAX_BYTES:
+                await _drain(receive)
             return await self.too_large(self.message)(scope, receive, send)
         received = 0
 
