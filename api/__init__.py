@@ -12,8 +12,10 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "create_app": "chunkstore.api.app", "mount": "chunkstore.api.app", "API_PREFIX": "chunkstore.api.app", "AdminSettings": "chunkstore.api.settings",
-    "CacheBackend": "chunkstore.api.backend", "StoreBackend": "chunkstore.api.backend", "AdminBackend": "chunkstore.api.backend",
+    "create_app": "chunkstore.api.app", "mount": "chunkstore.api.app", "API_PREFIX": "chunkstore.api.app",
+    "AdminSettings": "chunkstore.api.settings",
+    "CacheBackend": "chunkstore.api.backend", "StoreBackend": "chunkstore.api.backend",
+    "AdminBackend": "chunkstore.api.backend",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -34,11 +34,11 @@ DEFAULT_PREFETCH_BATCH_PAGES = 128  # pages per store read batch: as the store b
 class InFlight:
     """The operations submitted and not finished yet, by path and by page key.
 
-    An operation is added at submission and finished once its last ack was applied: its keys
-    leave the registry, then ``done`` is set (so a caller that sees ``done`` never finds the op
-    here), then waiters of ``wait_idle`` wake. A key maps to the newest op of its path that covers
-    it, and to the one before once that one finishes. Thread-safe; its lock is a leaf (held for dict updates only, never while calling out), so
-    the cache may ask it under the tree's lock.
+    An operation is added at submission and finished once its last ack was applied: its keys leave
+    the registry, then ``done`` is set (so a caller that sees ``done`` never finds the op here),
+    then waiters of ``wait_idle`` wake. A key maps to the newest op of its path that covers it, and
+    to the one before once that one finishes. Thread-safe; its lock is a leaf (held for dict updates
+    only, never while calling out), so the cache may ask it under the tree's lock.
     """
 
     def __init__(self) -> None:

@@ -103,9 +103,10 @@ def evict_by_priority(
     """Evict nodes in ``policy`` order until ``num_pages`` pages are gone or none is left.
 
     ``evict_one(node)`` evicts one node and returns (pages evicted, the nearest ancestor holding the
-    same tier, which may have become a candidate, or None); 0 pages means the node was kept. Candidates are re-checked when popped, so a callback that
-    changes the tree meanwhile cannot make the loop take a node it should not. Ties go to the older
-    node (smaller id), so the order is deterministic. Returns the pages evicted.
+    same tier, which may have become a candidate, or None); 0 pages means the node was kept.
+    Candidates are re-checked when popped, so a callback that changes the tree meanwhile cannot make
+    the loop take a node it should not. Ties go to the older node (smaller id), so the order is
+    deterministic. Returns the pages evicted.
     """
     priority = _PRIORITIES[policy]
     heap = [(priority(node), node.id, node) for node in candidates]

@@ -2,9 +2,10 @@
 
 Invariants: nothing is downloaded (``local_files_only=True``); ``LoadedModel.model_id`` changes
 whenever the weights or the compute dtype change (a preset: name, seed, dtype, a digest of the
-weight bytes and the version of chunkstore's Llama code; a folder: its name, dtype and a digest
-of config.json and the weight files' names, sizes and mtimes), because the cache keys bind this string, not the weights; a model is refused
-unless every layer keeps plain full-attention K/V of one shape (the pages hold exactly that).
+weight bytes and the version of chunkstore's Llama code; a folder: its name, dtype and a digest of
+config.json and the weight files' names, sizes and mtimes), because the cache keys bind this string,
+not the weights; a model is refused unless every layer keeps plain full-attention K/V of one shape
+(the pages hold exactly that).
 """
 
 from __future__ import annotations

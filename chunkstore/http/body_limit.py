@@ -3,12 +3,12 @@
 Shared by the server (chunkstore/server/) and the management API (api/), each with its own error
 shape. Invariants: a request that declares a larger Content-Length gets 413 before any of its body
 reaches the app (a declared body up to ``DRAIN_MAX_BYTES`` is read and dropped first, a chunk at a
-time: a client still sending when the answer comes would otherwise see its connection reset and
-lose the 413; a larger one is answered at once); a body that grows past the limit while streaming in (chunked, or lying about its length)
-is cut off at the limit and gets 413 (raised as an HTTPException, so the app's handlers shape it);
-at most ``max_bytes`` of a body are ever handed to the app; paths under ``exempt`` belong to a
-mounted app that applies its own limit, so every path has exactly one. Pure ASGI: no buffering,
-works under streaming responses.
+time: a client still sending when the answer comes would otherwise see its connection reset and lose
+the 413; a larger one is answered at once); a body that grows past the limit while streaming in
+(chunked, or lying about its length) is cut off at the limit and gets 413 (raised as an
+HTTPException, so the app's handlers shape it); at most ``max_bytes`` of a body are ever handed to
+the app; paths under ``exempt`` belong to a mounted app that applies its own limit, so every path
+has exactly one. Pure ASGI: no buffering, works under streaming responses.
 """
 
 from __future__ import annotations
