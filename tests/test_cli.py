@@ -14,7 +14,7 @@ import pytest
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cli import build_parser, main, parse_size_bytes
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "CLI.md"
 

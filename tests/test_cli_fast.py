@@ -19,7 +19,7 @@ import pytest
 from chunkstore import ChunkStore, __version__, chain_pages
 from chunkstore.cli import build_parser, main
 from chunkstore.sizes import PoolSize, parse_bytes
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "fastapi")

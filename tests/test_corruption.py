@@ -20,7 +20,7 @@ from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.maintenance import verify
 from chunkstore.disk.store import page_tensor_bytes
 from chunkstore.testing.tensors import same_bytes
-from tests.conftest import kv_pages
+from tests.helpers import kv_pages
 
 VICTIM = 3  # a page in the middle of the chain: corrupting it must not hide its neighbours
 

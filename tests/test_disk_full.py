@@ -19,7 +19,7 @@ import chunkstore.disk.files as files_mod
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.testing.tensors import same_bytes
-from tests.conftest import kv_pages
+from tests.helpers import kv_pages
 from tests.index_faults import IndexFaults, faulty_index
 from tests.fullfs import fill, small_tmpfs
 

@@ -24,7 +24,7 @@ from chunkstore.cli import main
 from chunkstore.disk.index import db_files
 from chunkstore.disk.maintenance import rebuild
 from chunkstore.disk.store import PRIVATE_MARKER, STORE_FILENAME
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 
 @pytest.fixture

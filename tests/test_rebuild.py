@@ -21,7 +21,7 @@ from chunkstore.disk.index import ChunkIndex, db_files
 from chunkstore.disk.keys import PageRef
 from chunkstore.disk.maintenance import gc, rebuild, verify
 from chunkstore.testing.tensors import same_bytes
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.index import ChunkRow
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 NUM_ROWS = 1_000_000
 

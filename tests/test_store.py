@@ -15,7 +15,7 @@ from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, cha
 from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.disk.store import TORCH_DTYPES
 from chunkstore.testing.tensors import same_bytes
-from tests.conftest import kv_pages
+from tests.helpers import kv_pages
 
 
 def test_put_get_round_trip(store, chain):

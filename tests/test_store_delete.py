@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chunkstore import ChunkStore, chain_pages
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 
 @pytest.fixture

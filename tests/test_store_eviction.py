@@ -16,7 +16,7 @@ from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, StrandedDescendantsError
 from chunkstore.disk.index import ChunkIndex, ChunkRow
 from chunkstore.disk.maintenance import evict_bytes
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 P = TINY.page_size
 

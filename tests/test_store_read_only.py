@@ -13,7 +13,7 @@ from chunkstore.disk import store as store_mod
 from chunkstore.disk.eviction import EvictionSelection
 from chunkstore.disk.store import ChunkStore as StoreClass
 from chunkstore.disk.store import ReadOnlyStoreError
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 
 def _public_methods() -> set[str]:

@@ -17,8 +17,8 @@ import httpx
 
 from chunkstore import ChunkStore
 from chunkstore.cli import main
-from tests.api.conftest import fill_store
-from tests.conftest import TINY
+from tests.helpers.api import fill_store
+from tests.helpers import TINY
 
 REPO = Path(__file__).resolve().parents[2]
 WAIT_S = 60.0

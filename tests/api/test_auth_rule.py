@@ -13,7 +13,7 @@ import pytest
 
 from chunkstore.api import AdminSettings, StoreBackend, create_app
 from chunkstore.api.security import TokenRing
-from tests.api.conftest import ADMIN, FAST, TENANT, assert_every_route_needs_a_token, client, fill_store, live_server
+from tests.helpers.api import ADMIN, FAST, TENANT, assert_every_route_needs_a_token, client, fill_store, live_server
 
 @pytest.fixture
 def tenants_server(tmp_path):

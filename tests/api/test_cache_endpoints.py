@@ -8,9 +8,9 @@ from fastapi import FastAPI
 
 from chunkstore.api import CacheBackend, create_app, mount
 from chunkstore.cache.radix_policy import EvictionPolicy
-from tests.api.conftest import client, live_server, settings, warm
+from tests.helpers.api import client, live_server, settings, warm
 from tests.cache.test_tiered import assert_consistent, keys_of, lookup, settle, toks
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 PAGE_BYTES = TINY.page_size_bytes
 
@@ -125,7 +125,7 @@ def test_metrics_of_a_live_cache(cache_server):
 
 
 def test_history_of_a_live_cache(cache_server):
-    from tests.api.conftest import wait_for
+    from tests.helpers.api import wait_for
 
     with cache_server.client() as c:
         samples = wait_for(lambda: c.get("/stats/history").json()["samples"], what="a sample")
@@ -158,7 +158,7 @@ def test_mount_inside_a_server(tmp_path, live_cache):
     API answers under /api/v1, and the admin lifespan (the history sampler) runs inside the parent's."""
     import httpx
 
-    from tests.api.conftest import wait_for
+    from tests.helpers.api import wait_for
 
     warm(live_cache)
     parent = FastAPI()

@@ -9,9 +9,9 @@ import pytest
 from chunkstore.api import CacheBackend, StoreBackend, create_app
 from chunkstore.api.overrides import FILE_NAME
 from chunkstore.cache.tiered import TieredCache
-from tests.api.conftest import client, fill_store, live_server, settings
+from tests.helpers.api import client, fill_store, live_server, settings
 from tests.cache.test_tiered import make_config
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 PAGE_GB = TINY.page_size_bytes / 1e9
 

@@ -3,9 +3,9 @@ where stored and without disk figures where not; filters, paging, namespace toke
 
 from __future__ import annotations
 
-from tests.api.conftest import TENANT, client, live_server, settings, warm
+from tests.helpers.api import TENANT, client, live_server, settings, warm
 from tests.cache.test_tiered import keys_of, toks
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 A = toks(1, 2, 3, 4, 5)  # what tests.api.conftest.warm served, in "default"
 B = toks(7, 8, 9)  # and in "other"

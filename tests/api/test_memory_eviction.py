@@ -3,9 +3,9 @@ over a live cache: dry runs change nothing, locked pages are reported and stay, 
 
 from __future__ import annotations
 
-from tests.api.conftest import TENANT
+from tests.helpers.api import TENANT
 from tests.cache.test_tiered import assert_consistent, keys_of, toks
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 PAGE_BYTES = TINY.page_size_bytes
 A = toks(1, 2, 3, 4, 5)  # what tests.api.conftest.warm served, in "default"

@@ -3,9 +3,9 @@ offline they are null."""
 
 from __future__ import annotations
 
-from tests.api.conftest import TENANT
+from tests.helpers.api import TENANT
 from tests.cache.test_tiered import lookup, toks
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 P = TINY.page_size
 

@@ -11,9 +11,9 @@ from chunkstore.api import CacheBackend, StoreBackend, create_app
 from chunkstore.api.overrides import FILE_NAME
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.cache.tiered import TieredCache
-from tests.api.conftest import client, fill_store, live_server, settings
+from tests.helpers.api import client, fill_store, live_server, settings
 from tests.cache.test_tiered import make_config
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 
 def test_kept_and_applied_at_the_next_start(tmp_path, monkeypatch):

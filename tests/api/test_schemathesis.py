@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from chunkstore.api import CacheBackend, StoreBackend, create_app
-from tests.api.conftest import ADMIN, fill_store, live_server, settings, warm
+from tests.helpers.api import ADMIN, fill_store, live_server, settings, warm
 from tests.openapi_ops import count_operations
 
 ST = shutil.which("schemathesis") or shutil.which("st")

@@ -12,7 +12,7 @@ import pytest
 
 from chunkstore.api import AdminSettings, StoreBackend, create_app
 from chunkstore.api.security import TokenRing, allowed_host_names, is_loopback, load_or_create_token
-from tests.api.conftest import ADMIN, TENANT, client, fill_store, live_server, settings
+from tests.helpers.api import ADMIN, TENANT, client, fill_store, live_server, settings
 
 WRITES = [  # (method, path, json body)
     ("POST", "/evict", {"bytes_to_free": 1}),

@@ -13,8 +13,8 @@ import pytest
 from chunkstore.engine import Engine, load_model
 from chunkstore.serve import create_app as create_server
 from chunkstore.server.settings import ServerSettings
-from tests.api.conftest import live_server, wait_for
-from tests.server.conftest import cache_config
+from tests.helpers.api import live_server, wait_for
+from tests.helpers.server import cache_config
 
 BODY = {"prompt": "The cache keeps the keys and values of every prefix it has seen. " * 2, "max_tokens": 4,
         "temperature": 0.0}
@@ -77,7 +77,7 @@ def test_no_serving_figures_offline(store_server):
 
 
 def test_no_serving_figures_for_a_namespace_token(cache_server):
-    from tests.api.conftest import TENANT
+    from tests.helpers.api import TENANT
 
     with cache_server.client(TENANT) as c:
         assert c.get("/stats").json()["serving"] is None
@@ -91,7 +91,7 @@ def test_history_from_before_migration_0003_reads_as_null(tmp_path):
     from chunkstore.api.history import HistoryTable
     from chunkstore import ChunkStore
     from chunkstore.disk import migrations
-    from tests.conftest import TINY
+    from tests.helpers import TINY
 
     root = tmp_path / "store"
     with ChunkStore(root, TINY):

@@ -11,8 +11,8 @@ import pytest
 
 from chunkstore.api import StoreBackend, create_app
 from chunkstore import ChunkStore
-from tests.api.conftest import live_server, settings, wait_for
-from tests.conftest import TINY
+from tests.helpers.api import live_server, settings, wait_for
+from tests.helpers import TINY
 
 
 def chunk_files(root) -> set[str]:
@@ -255,7 +255,7 @@ def test_one_job_of_a_kind_at_a_time(store_server):
 
 
 def test_history_survives_a_restart(tmp_path):
-    from tests.api.conftest import fill_store
+    from tests.helpers.api import fill_store
 
     root = tmp_path / "store"
     fill_store(root)
@@ -264,7 +264,7 @@ def test_history_survives_a_restart(tmp_path):
         backend = StoreBackend(root)
         try:
             with live_server(create_app(backend, settings())) as url:
-                from tests.api.conftest import client
+                from tests.helpers.api import client
 
                 with client(url) as c:
                     samples = wait_for(lambda: len(s := c.get("/stats/history").json()["samples"]) >= 3 and s,
@@ -285,7 +285,7 @@ def test_history_survives_a_restart(tmp_path):
 
 
 def test_history_is_bounded(tmp_path):
-    from tests.api.conftest import fill_store
+    from tests.helpers.api import fill_store
 
     root = tmp_path / "store"
     fill_store(root)
@@ -321,7 +321,7 @@ def test_metrics_and_events(store_server):
 
 
 def test_events_end_at_their_time_limit(tmp_path):
-    from tests.api.conftest import client, fill_store
+    from tests.helpers.api import client, fill_store
 
     root = tmp_path / "store"
     fill_store(root)
@@ -353,7 +353,7 @@ def test_config_patch_offline(store_server):
 
 
 def test_read_only_store(tmp_path):
-    from tests.api.conftest import client, fill_store
+    from tests.helpers.api import client, fill_store
 
     root = tmp_path / "store"
     fill_store(root)

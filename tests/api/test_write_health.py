@@ -8,7 +8,7 @@ import errno
 import json
 
 from chunkstore.api import CacheBackend, create_app
-from tests.api.conftest import client, live_server, settings, warm
+from tests.helpers.api import client, live_server, settings, warm
 
 
 def _no_space(fd, data):

@@ -10,7 +10,7 @@ import dataclasses
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.disk.store import MODELS_DIRNAME, read_identity, store_root
 from tests.cache.test_tiered import P, make_config, serve, settle
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 OTHER = dataclasses.replace(TINY, model_id="other-model@rev2")
 TOKENS = [7000 + i for i in range(P * 3)]

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cache import DevicePool, HostPool, KVLayout, PagePool, PoolExhaustedError, default_device
 from chunkstore.testing.tensors import bits, same_bytes
-from tests.conftest import TINY, kv_pages
+from tests.helpers import TINY, kv_pages
 
 LAYOUT = KVLayout.from_identity(TINY)
 DTYPES = ["bfloat16", "float16", "float32"]

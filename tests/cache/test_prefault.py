@@ -14,7 +14,7 @@ from chunkstore.cache import CacheConfig, KVLayout, PagePool
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.testing.tensors import bits
 from tests.cache.test_pools import random_pages
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=64, dtype="bfloat16", page_size=64)  # 64 KiB pages
 POOL_PAGES = 4096  # 256 MiB

@@ -25,7 +25,7 @@ from chunkstore.cache.tiered import PrefixHit, TieredCache
 from chunkstore.cache.tiers import Tier
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
 from chunkstore.testing.tensors import bits
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 P = TINY.page_size
 LAYOUT = KVLayout.from_identity(TINY)

@@ -26,7 +26,7 @@ from chunkstore.cache.tiered import PrefixHit, TieredCache
 from tests.cache.test_tiered import (
     P, assert_hit, assert_tree_bytes, compute, force_evict, keys_of, serve, settle, toks, tree_pages,
 )
-from tests.conftest import TINY
+from tests.helpers import TINY
 
 NAMESPACES = ("a", "b")
 MAX_HELD = 2

@@ -11,7 +11,7 @@ import pytest
 from chunkstore.engine import (Engine, EngineClosedError, EngineConfig, FinishReason, PromptTooLongError,
                                QueueFullError, Request, SamplingParams, load_model)
 from chunkstore.engine.tokenizer import TEXT_OUTPUT_BYTES
-from tests.engine.conftest import PAGE_SIZE, cache_config
+from tests.helpers.engine import PAGE_SIZE, cache_config
 from tests.engine.test_loader import make_model_folder
 
 STORY = "The cache keeps the attention keys and values of every prefix it has seen. " * 4

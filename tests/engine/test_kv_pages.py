@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from chunkstore.engine.kv_pages import forward, layer_kv, load_pages, new_kv_cache, store_pages
-from tests.engine.conftest import PAGE_SIZE, random_ids
+from tests.helpers.engine import PAGE_SIZE, random_ids
 
 
 def model_kv(loaded, num_tokens: int):

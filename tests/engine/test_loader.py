@@ -12,7 +12,7 @@ from chunkstore.cache.tiered import TieredCache
 from chunkstore.engine import ModelRunner, load_model
 from chunkstore.engine.loader import UnsupportedModelError, folder_digest, parse_dtype
 from chunkstore.engine.presets import PRESETS
-from tests.engine.conftest import PAGE_SIZE, cache_config, random_ids
+from tests.helpers.engine import PAGE_SIZE, cache_config, random_ids
 from tests.engine.test_tokenizer import TEMPLATE, make_hf_folder
 
 

@@ -17,7 +17,7 @@ import torch
 
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.engine import ModelRunner, load_model
-from tests.engine.conftest import PAGE_SIZE, cache_config, random_ids
+from tests.helpers.engine import PAGE_SIZE, cache_config, random_ids
 
 FP32_TOL = 1e-5  # relative to the largest reference logit
 BF16_TOL = 1 / 32

@@ -9,7 +9,7 @@ from chunkstore.engine import Engine
 from chunkstore.engine.request import FinishReason, GenerationResult, Request
 from chunkstore.engine.sampling import SamplingParams
 from chunkstore.engine.serving_stats import ServingStats
-from tests.engine.conftest import cache_config, random_ids
+from tests.helpers.engine import cache_config, random_ids
 
 
 def result(prompt: int = 10, cached: int = 4, completion: int = 3, ttft_s: float = 0.02,

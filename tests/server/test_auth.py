@@ -13,8 +13,8 @@ import pytest
 from chunkstore.engine import Engine
 from chunkstore.server.auth import KeyRing
 from chunkstore.server.settings import ServerSettings, Tenant
-from tests.api.conftest import assert_every_route_needs_a_token
-from tests.server.conftest import PAGE_SIZE, REPO, STORY, Served, cache_config
+from tests.helpers.api import assert_every_route_needs_a_token
+from tests.helpers.server import PAGE_SIZE, REPO, STORY, Served, cache_config
 
 ALICE, BOB, PLAIN = "alice-key-0123", "bob-key-4567", "unnamed-key-89ab"
 

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from chunkstore.bench import multiturn as bench
-from tests.server.conftest import PAGE_SIZE, STORY
+from tests.helpers.server import PAGE_SIZE, STORY
 
 
 def test_url_mode_against_chunkstore_serve(served, tmp_path):

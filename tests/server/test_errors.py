@@ -10,7 +10,7 @@ import pytest
 
 from chunkstore.engine import Engine, EngineConfig, FinishReason
 from chunkstore.server.settings import ServerSettings
-from tests.server.conftest import Served, cache_config
+from tests.helpers.server import Served, cache_config
 
 CHAT = [{"role": "user", "content": "hello"}]
 

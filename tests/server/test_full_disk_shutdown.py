@@ -10,7 +10,7 @@ import pytest
 
 from chunkstore.disk.store import ChunkStore, read_identity
 from tests.fullfs import fill, small_tmpfs
-from tests.server.conftest import STORY, ServeProcess, disk_chunks
+from tests.helpers.server import STORY, ServeProcess, disk_chunks
 from tests.server.test_process import complete, fed_pages
 
 pytestmark = pytest.mark.slow  # `chunkstore serve` subprocesses: left out of the fast subset

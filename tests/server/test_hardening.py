@@ -14,7 +14,7 @@ import pytest
 from chunkstore.engine import Engine, EngineConfig, FinishReason, Tokenizer
 from chunkstore.engine.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from chunkstore.server.settings import ServerSettings
-from tests.server.conftest import Served, cache_config
+from tests.helpers.server import Served, cache_config
 from tests.server.test_errors import assert_error
 
 CHAT = [{"role": "user", "content": "hello"}]

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chunkstore.engine import Engine
 from chunkstore.server.settings import ServerSettings
-from tests.server.conftest import STORY, Served, cache_config
+from tests.helpers.server import STORY, Served, cache_config
 
 ALICE, ADMIN = "alice-key-0123", "admin-token-metrics-4567"
 # Figures that move between two scrapes by themselves: the clock, and the scrapes' own latencies.

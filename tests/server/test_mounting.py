@@ -10,7 +10,7 @@ import pytest
 
 from chunkstore.engine import Engine
 from chunkstore.server.settings import ServerSettings
-from tests.server.conftest import Served, cache_config
+from tests.helpers.server import Served, cache_config
 
 ADMIN_TOKEN = "admin-token-for-tests"
 SERVER_LIMIT_BYTES = 4096  # below the admin API's 64 KiB, so the two limits can be told apart

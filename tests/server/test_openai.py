@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chunkstore.server.settings import ServerSettings
-from tests.server.conftest import PAGE_SIZE, STORY, stream
+from tests.helpers.server import PAGE_SIZE, STORY, stream
 
 GREEDY = {"temperature": 0, "max_tokens": 12}
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.server.conftest import PAGE_SIZE, STORY, disk_chunks, wait_for_disk_chunks
+from tests.helpers.server import PAGE_SIZE, STORY, disk_chunks, wait_for_disk_chunks
 
 pytestmark = pytest.mark.slow  # `chunkstore serve` subprocesses: left out of the fast subset
 

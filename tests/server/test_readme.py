@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.server.conftest import REPO
+from tests.helpers.server import REPO
 
 README = (REPO / "README.md").read_text()
 

@@ -17,7 +17,7 @@ import pytest
 from chunkstore.engine import Engine, EngineConfig
 from chunkstore.server.settings import ServerSettings
 from tests.openapi_ops import count_operations
-from tests.server.conftest import REPO, Served, cache_config
+from tests.helpers.server import REPO, Served, cache_config
 
 ST = shutil.which("schemathesis") or shutil.which("st")
 pytestmark = [pytest.mark.skipif(ST is None, reason="schemathesis is not installed (pip install schemathesis)"),

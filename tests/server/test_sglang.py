@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.server.conftest import PAGE_SIZE, STORY, disk_chunks, stream
+from tests.helpers.server import PAGE_SIZE, STORY, disk_chunks, stream
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 10}
 

@@ -14,8 +14,8 @@ from chunkstore.engine import Engine
 from chunkstore.serve import create_app as create_server_app
 from chunkstore.server.lifecycle import bind
 from chunkstore.server.settings import ServerSettings
-from tests.server.conftest import STORY, LiveServer, cache_config
-from tests.webui.conftest import NAMESPACES, SHOTS, TOKEN, VIEWS, Traffic, send_traffic
+from tests.helpers.server import STORY, LiveServer, cache_config
+from tests.helpers.webui import NAMESPACES, SHOTS, TOKEN, VIEWS, Traffic, send_traffic
 
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -8,11 +8,11 @@ import errno
 
 from chunkstore.api import AdminSettings, CacheBackend, create_app
 from chunkstore.cache.tiered import TieredCache
-from tests.api.conftest import warm
+from tests.helpers.api import warm
 from tests.cache.test_tiered import make_config
-from tests.conftest import TINY
-from tests.server.conftest import LiveServer
-from tests.webui.conftest import TOKEN, Dashboard
+from tests.helpers import TINY
+from tests.helpers.server import LiveServer
+from tests.helpers.webui import TOKEN, Dashboard
 
 
 def _no_space(fd, data):

@@ -9,7 +9,7 @@ import re
 import tomllib
 
 from chunkstore.api.webui import WEBUI_DIR
-from tests.server.conftest import REPO
+from tests.helpers.server import REPO
 
 
 def test_every_file_of_the_dashboard_is_package_data():

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from chunkstore.api import AdminSettings, StoreBackend, create_app
-from tests.api.conftest import fill_store
-from tests.server.conftest import LiveServer
-from tests.webui.conftest import SHOTS, TOKEN, Dashboard
+from tests.helpers.api import fill_store
+from tests.helpers.server import LiveServer
+from tests.helpers.webui import SHOTS, TOKEN, Dashboard
 
 TENANT_TOKEN = "webui-test-tenant-token"
 # Counts the token dialog's openings from the first script on (a dialog shown and closed between two
