@@ -42,7 +42,7 @@ function showError(error) {
   const item = h("li", {class: "error", dataset: {text, count: "1", status: String(error.status)}},
     h("span", {class: "when"}, when(Date.now() / 1000).slice(11)), " ",
     h("span", {class: "message"}, text), h("span", {class: "count"}),
-    error.status === 401 ? h("button", {type: "button", onclick: () => openTokenDialog()}, "Enter token") : null,
+    error.status === 401 ? h("button", {type: "button", onclick: askForToken}, "Enter token") : null,
     h("button", {type: "button", class: "dismiss", "aria-label": "Dismiss this error",
                  onclick: () => { item.remove(); errorList.hidden = !errorList.children.length; }}, "Dismiss"));
   errorList.prepend(item);
@@ -69,6 +69,9 @@ function renderAuth() {
 
 // The calls that answered 401 and wait for the dialog's answer (one answer for all of them).
 let waiting = null;
+// The token the user last left as it was when a 401 asked (Escape, Cancel): a call sent with it that
+// answers 401 later (one in flight meanwhile, a poll) fails at once instead of asking again.
+let declined = null;
 
 /** ``error``: the 401 that asks (its call is named in the dialog); none: opened by the user. */
 function openTokenDialog(error = null) {
@@ -81,9 +84,10 @@ function openTokenDialog(error = null) {
 }
 
 api.onUnauthorized((error) => {
+  if (!waiting && declined === api.token.get()) return Promise.resolve();
   if (!waiting) {
     let answered;
-    waiting = {promise: new Promise((resolve) => { answered = resolve; }), answered};
+    waiting = {promise: new Promise((resolve) => { answered = resolve; }), answered, token: api.token.get()};
     openTokenDialog(error);
   }
   return waiting.promise;
@@ -108,12 +112,19 @@ dialog.addEventListener("close", () => {
   // else failed with their 401 (listed with "Enter token").
   renderAuth();
   if (waiting) {
+    if (api.token.get() === waiting.token) declined = waiting.token;
     waiting.answered();
     waiting = null;
   }
 });
 
-document.getElementById("token-button").addEventListener("click", () => openTokenDialog());
+// Opened by the user: the next 401 may ask again.
+function askForToken() {
+  declined = null;
+  openTokenDialog();
+}
+
+document.getElementById("token-button").addEventListener("click", askForToken);
 
 // ---- views ----------------------------------------------------------------------------------------
 
