@@ -169,13 +169,14 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy import create_engine
 
     from chunkstore.disk import migrations
-    from chunkstore.disk.index import DB_FILENAME, prepare_db_files
+    from chunkstore.disk.index import prepare_db_files, sqlite_url
 
     root = Path(args.disk_path)
     if not root.is_dir():
         raise CliError(f"no chunk store at {root}")
-    prepare_db_files(root)  # SQLite would create the index (and its WAL) 0644
-    engine = create_engine(f"sqlite:///{root / DB_FILENAME}")
+    url = sqlite_url(root)
+    prepare_db_files(url)  # SQLite would create the index (and its WAL) 0644
+    engine = create_engine(url)
     try:
         with engine.begin() as conn:
             before, head = migrations.upgrade(conn)

@@ -79,7 +79,7 @@ def test_the_head_revision_read_from_the_scripts_is_alembics():
 def test_the_package_imports_nothing_heavy_and_its_names_still_load():
     out = _python("import sys, chunkstore; before = sorted(m for m in sys.modules if m.split('.')[0] == 'torch'); "
                   "from chunkstore import ChunkStore, ModelIdentity, chain_pages; "
-                  "from chunkstore.disk.store import TORCH_DTYPES; "
+                  "from chunkstore.disk.page_io import TORCH_DTYPES; "
                   "print(before, ChunkStore.__name__, sorted(TORCH_DTYPES)[0])")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["[]", "ChunkStore", "bfloat16"]

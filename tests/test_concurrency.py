@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from chunkstore.testing import crash_soak as soak
 from chunkstore.cli import main
-from chunkstore.disk.files import Durability
+from chunkstore.disk.files import ChunkFiles, Durability
 from chunkstore.disk.maintenance import check_file, evict_bytes, verify
 from chunkstore.disk.store import ChunkStore, StoreBusyError
+from chunkstore.testing import crash_soak as soak
+from chunkstore.testing.faults import FaultyPayloads
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -112,86 +113,88 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
         assert soak.check_store(again) == []
 
 
+def _open_faulty(path, **kw) -> tuple[ChunkStore, FaultyPayloads]:
+    payloads = FaultyPayloads(ChunkFiles(path, Durability.NONE))
+    return _open(path, payloads=payloads, **kw), payloads
+
+
+def _one_page(token: int):
+    page = soak.chain_for("default", (token,))[0]
+    return page, soak.expected_page(page.key)
+
+
+def _store_again_meanwhile(store, page, want) -> None:
+    """What a writer may do while a read is in flight: evict the chunk, then store it again."""
+    assert evict_bytes(store, 1).keys == (page.key,)
+    assert store.put([page], [want]).stored == [page.key]
+
+
+def _assert_kept(store, page, want) -> None:
+    try:
+        assert store.exists([page.key]) == [True]  # the chunk stored meanwhile stays
+        assert store.payloads.exists(page.key)
+        assert soak.same_bytes(store.get([page])[0], want)
+    finally:
+        store.close()
+
+
 def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
-    store = _open(tmp_path / "s", num_workers=2)
-    page = soak.chain_for("default", (0,))[0]
-    want = soak.expected_page(page.key)
+    store, payloads = _open_faulty(tmp_path / "s", num_workers=2)
+    page, want = _one_page(0)
     assert store.put([page], [want]).ok
-    real_read = store.files.read
+
     raced = []
 
-    def read_losing_the_race(key, max_size_bytes, **kw):
+    def read_losing_the_race(key, *_):
         if key == page.key and not raced:
             raced.append(key)
             # Between this reader's index lookup and its open(): a writer evicts the chunk and
             # stores it again. The open() failed in the gap, so the reader saw no file.
-            assert evict_bytes(store, 1).keys == (page.key,)
-            assert store.put([page], [want]).stored == [page.key]
+            _store_again_meanwhile(store, page, want)
             raise FileNotFoundError(key.hex())
-        return real_read(key, max_size_bytes, **kw)
 
-    store.files.read = read_losing_the_race
+    payloads.hook("read", read_losing_the_race)
     assert store.get([page]) == [None]  # losing the race may cost this read
-    store.files.read = real_read
-    try:
-        assert store.exists([page.key]) == [True]  # but not the chunk stored meanwhile
-        assert soak.same_bytes(store.get([page])[0], want)
-    finally:
-        store.close()
+    payloads.clear()
+    _assert_kept(store, page, want)
 
 
 def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
-    store = _open(tmp_path / "s", num_workers=2)
-    page = soak.chain_for("default", (1,))[0]
-    want = soak.expected_page(page.key)
+    store, payloads = _open_faulty(tmp_path / "s", num_workers=2)
+    page, want = _one_page(1)
     assert store.put([page], [want]).ok
-    path = store.files.path_for(page.key)
+    path = payloads.inner.path_for(page.key)
     path.write_bytes(b"rot" + path.read_bytes()[3:])
-    real_read = store.files.read
+
     raced = []
 
-    def read_then_race(key, max_size_bytes, **kw):
-        data = bytes(real_read(key, max_size_bytes, **kw))  # the corrupt file
+    def read_then_race(read, key, max_size_bytes, buffer):
+        data = bytes(read(key, max_size_bytes, buffer))  # the corrupt file
         if key == page.key and not raced:
             raced.append(key)
-            assert evict_bytes(store, 1).keys == (page.key,)  # a writer replaces it meanwhile
-            assert store.put([page], [want]).stored == [page.key]
+            _store_again_meanwhile(store, page, want)  # a writer replaces it meanwhile
         return memoryview(data)
 
-    store.files.read = read_then_race
+    payloads.read_through(read_then_race)
     assert store.get([page]) == [None]
-    store.files.read = real_read
-    try:
-        assert store.exists([page.key]) == [True]
-        assert path.exists()
-        assert soak.same_bytes(store.get([page])[0], want)
-    finally:
-        store.close()
+    payloads.clear()
+    _assert_kept(store, page, want)
 
 
 def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
-    store = _open(tmp_path / "s", num_workers=1)  # one pool thread: both temp writes run on it
-    page = soak.chain_for("default", (2,))[0]
-    want = soak.expected_page(page.key)
-    real_write_temp, real_write_all = store.files.write_temp, store.files._write_all
+    # One pool thread: both temp writes run on it, one after the other.
+    store, payloads = _open_faulty(tmp_path / "s", num_workers=1)
+    page, want = _one_page(2)
     a_written, b_half_written, b_resume = threading.Event(), threading.Event(), threading.Event()
-    b_segments: list[int] = []
     results = {}
 
-    def write_temp(key, segments):
-        tmp = real_write_temp(key, segments)
-        a_written.set()
-        return tmp
+    def writing_segment(key, index):
+        if a_written.is_set() and index == 1:  # the second put: its header is out, the rest waits
+            b_half_written.set()
+            assert b_resume.wait(20)
 
-    def write_all(fd, data):
-        if a_written.is_set():  # the second put: its header is out, the rest waits
-            b_segments.append(1)
-            if len(b_segments) == 2:
-                b_half_written.set()
-                assert b_resume.wait(20)
-        real_write_all(fd, data)
-
-    store.files.write_temp, store.files._write_all = write_temp, write_all
+    payloads.hook("staged", lambda key: a_written.set())
+    payloads.hook("stage_segment", writing_segment)
     a = threading.Thread(target=lambda: results.setdefault("a", store.put([page], [want])))
     b = threading.Thread(target=lambda: results.setdefault("b", store.put([page], [want])))
     try:

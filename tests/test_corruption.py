@@ -18,7 +18,7 @@ from chunkstore.disk.chunkfile import decode_header, encode_header, make_header
 from chunkstore.disk.codec import encode
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.maintenance import verify
-from chunkstore.disk.store import page_tensor_bytes
+from chunkstore.disk.page_io import max_payload_bytes, page_tensor_bytes
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
 
@@ -62,14 +62,14 @@ Corruption = Callable[[ChunkStore, list[PageRef], list[torch.Tensor]], None]
 
 def _header_flip(at: Callable[[int], int]) -> Corruption:
     def corrupt(store, pages, tensors):
-        path = store.files.path_for(pages[VICTIM].key)
+        path = store.payloads.path_for(pages[VICTIM].key)
         _flip(path, at(_payload_offset(path.read_bytes())))
     return corrupt
 
 
 def _payload_flip(fraction: float) -> Corruption:
     def corrupt(store, pages, tensors):
-        path = store.files.path_for(pages[VICTIM].key)
+        path = store.payloads.path_for(pages[VICTIM].key)
         data = path.read_bytes()
         start = _payload_offset(data)
         _flip(path, min(len(data) - 1, start + int((len(data) - start) * fraction)))
@@ -78,14 +78,14 @@ def _payload_flip(fraction: float) -> Corruption:
 
 def _truncate(keep: Callable[[int, int], int]) -> Corruption:
     def corrupt(store, pages, tensors):
-        path = store.files.path_for(pages[VICTIM].key)
+        path = store.payloads.path_for(pages[VICTIM].key)
         data = path.read_bytes()
         path.write_bytes(data[: keep(len(data), _payload_offset(data))])
     return corrupt
 
 
 def _swapped(store, pages, tensors):
-    shutil.copyfile(store.files.path_for(pages[VICTIM + 1].key), store.files.path_for(pages[VICTIM].key))
+    shutil.copyfile(store.payloads.path_for(pages[VICTIM + 1].key), store.payloads.path_for(pages[VICTIM].key))
 
 
 def _forged(field: str) -> Corruption:
@@ -104,23 +104,23 @@ def _forged(field: str) -> Corruption:
         elif field == "consistent":  # a fully consistent chunk of other tokens under another parent
             parent, tokens = other_parent, other_tokens
             key = page_key(parent, encode_tokens(tokens))
-        store.files.path_for(v.key).write_bytes(_chunk_bytes(store, key, parent, tokens, ns, tensors[VICTIM]))
+        store.payloads.path_for(v.key).write_bytes(_chunk_bytes(store, key, parent, tokens, ns, tensors[VICTIM]))
     return corrupt
 
 
 def _oversized(store, pages, tensors):
-    path = store.files.path_for(pages[VICTIM].key)
+    path = store.payloads.path_for(pages[VICTIM].key)
     with open(path, "ab") as f:
-        f.truncate(store._max_file_bytes + 1)  # sparse: large without costing disk
+        f.truncate(max_payload_bytes(store.identity) + 1)  # sparse: large without costing disk
 
 
 def _trailing(store, pages, tensors):
-    with open(store.files.path_for(pages[VICTIM].key), "ab") as f:
+    with open(store.payloads.path_for(pages[VICTIM].key), "ab") as f:
         f.write(b"\0" * 100)
 
 
 def _garbage(store, pages, tensors):
-    path = store.files.path_for(pages[VICTIM].key)
+    path = store.payloads.path_for(pages[VICTIM].key)
     path.write_bytes(os.urandom(path.stat().st_size))
 
 
@@ -167,8 +167,8 @@ def test_corrupt_file_is_a_miss_and_quarantined(filled, kind, caplog):
         if i != VICTIM:
             assert t is not None and same_bytes(t, want), f"page {i} lost with the corrupt one"
     assert store.exists([victim.key]) == [False]
-    assert not store.files.path_for(victim.key).exists()
-    moved = list(store.files.quarantine_dir.iterdir())
+    assert not store.payloads.path_for(victim.key).exists()
+    moved = list(store.payloads.quarantine_dir.iterdir())
     assert [p.name.startswith(victim.key.hex()) for p in moved] == [True]
     after = store.stats()
     assert after.quarantined == before.quarantined + 1
@@ -192,7 +192,7 @@ def test_corrupt_file_is_a_miss_for_get_into(filled, kind):
 def test_verify_reports_without_changing_anything(filled, kind):
     store, pages, tensors = filled
     CORRUPTIONS[kind](store, pages, tensors)
-    path = store.files.path_for(pages[VICTIM].key)
+    path = store.payloads.path_for(pages[VICTIM].key)
     damaged = path.read_bytes()
     before = store.stats()
     report = verify(store)
@@ -200,7 +200,7 @@ def test_verify_reports_without_changing_anything(filled, kind):
     assert report.quarantined == report.rows_dropped == report.adopted == 0
     assert path.read_bytes() == damaged
     assert store.exists([pages[VICTIM].key]) == [True]
-    assert list(store.files.quarantine_dir.iterdir()) == []
+    assert list(store.payloads.quarantine_dir.iterdir()) == []
     after = store.stats()
     assert (after.num_chunks, after.quarantined) == (before.num_chunks, before.quarantined)
 
@@ -214,8 +214,8 @@ def test_verify_repair_quarantines(filled, kind, caplog):
         report = verify(store, repair=True)
     assert (report.corrupt, report.quarantined) == (1, 1)
     assert store.exists([victim.key]) == [False]
-    assert not store.files.path_for(victim.key).exists()
-    assert [p.name.startswith(victim.key.hex()) for p in store.files.quarantine_dir.iterdir()] == [True]
+    assert not store.payloads.path_for(victim.key).exists()
+    assert [p.name.startswith(victim.key.hex()) for p in store.payloads.quarantine_dir.iterdir()] == [True]
     assert store.stats().quarantined == 1
     assert len(_warnings_about(caplog, victim.key)) == 1
     got = store.get(pages)
@@ -230,6 +230,6 @@ def test_read_only_store_leaves_the_corrupt_file_in_place(filled, tmp_path, capl
     with ChunkStore(store.root, store.identity, read_only=True) as ro, caplog.at_level(logging.WARNING):
         got = ro.get(pages)
     assert got[VICTIM] is None
-    assert store.files.path_for(pages[VICTIM].key).exists()
-    assert list(store.files.quarantine_dir.iterdir()) == []
+    assert store.payloads.path_for(pages[VICTIM].key).exists()
+    assert list(store.payloads.quarantine_dir.iterdir()) == []
     assert len(_warnings_about(caplog, pages[VICTIM].key)) == 1

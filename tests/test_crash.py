@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from chunkstore.testing import crash_soak as soak
 from chunkstore.disk.files import TMP_PREFIX, Durability
-from chunkstore.disk.index import ChunkIndex
+from chunkstore.disk.index import ChunkIndex, sqlite_url
 from chunkstore.disk.store import ChunkStore
+from chunkstore.testing import crash_soak as soak
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -74,13 +74,15 @@ def test_killed_writer_leaves_temps_that_open_removes(tmp_path):
     proc = _spawn("""
         import sys, time
         from chunkstore.testing import crash_soak as soak
-        from chunkstore.disk.files import Durability
+        from chunkstore.disk.files import ChunkFiles, Durability
         from chunkstore.disk.store import ChunkStore
-        store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2)
-        def hang(temps, executor=None):  # every temp file is complete, none is published yet
+        from chunkstore.testing.faults import FaultyPayloads
+        payloads = FaultyPayloads(ChunkFiles(sys.argv[1], Durability.NONE))
+        store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, num_workers=2, payloads=payloads)
+        def hang(key):  # every temp file is complete, none is published yet
             print("written", flush=True)
             time.sleep(600)
-        store.files.publish = hang
+        payloads.hook("publish", hang)
         pages = soak.chain_for("default", (0, 1, 2))
         store.put(pages, [soak.expected_page(p.key) for p in pages])
     """, str(path))
@@ -94,10 +96,10 @@ def test_killed_writer_leaves_temps_that_open_removes(tmp_path):
     assert len(temps) == 3
     pages = soak.chain_for("default", (0, 1, 2))
     with _open(path) as store:
-        assert store.files.count_temps() == 0
+        assert len(store.payloads.leftovers()) == 0
         assert not any(store.exists([p.key for p in pages]))
         assert store.get(pages) == [None, None, None]
-        assert not any(store.files.path_for(p.key).exists() for p in pages)
+        assert not any(store.payloads.path_for(p.key).exists() for p in pages)
         # and the store works: the same pages can be written and read back
         assert store.put(pages, [soak.expected_page(p.key) for p in pages]).ok
         assert all(soak.same_bytes(t, soak.expected_page(p.key)) for p, t in zip(pages, store.get(pages)))
@@ -142,8 +144,8 @@ def test_checker_catches_wrong_bytes(tmp_path, capsys):
         victim = next(p for p in soak.all_pages() if store.exists([p.key])[0])
         with ChunkStore(tmp_path / "forge", soak.SOAK_IDENTITY) as forge:
             assert forge.put([victim], [soak.expected_page(victim.key) + 1]).ok
-            forged = forge.files.path_for(victim.key)
-        shutil.copyfile(forged, store.files.path_for(victim.key))
+            forged = forge.payloads.path_for(victim.key)
+        shutil.copyfile(forged, store.payloads.path_for(victim.key))
         problems = soak.check_store(store)
         assert any("WRONG BYTES" in p and victim.key.hex() in p for p in problems)
 
@@ -151,10 +153,10 @@ def test_checker_catches_wrong_bytes(tmp_path, capsys):
 def test_checker_catches_lost_pages(tmp_path):
     with _soak_store_with_data(tmp_path / "s") as store:
         victim = next(p for p in soak.all_pages() if store.exists([p.key])[0])
-        index = ChunkIndex(store.root)  # the row goes (as a lost write would leave it), then the file
+        index = ChunkIndex(sqlite_url(store.root))  # the row goes (as a lost write would leave it), then the file
         index.delete([victim.key])
         index.close()
-        store.files.remove(victim.key)
+        store.payloads.delete(victim.key)
         problems = soak.check_store(store, must_survive={victim.key})
         assert any("gone" in p for p in problems)
 

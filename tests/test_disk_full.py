@@ -18,10 +18,10 @@ import sqlalchemy.exc
 import chunkstore.disk.files as files_mod
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.maintenance import evict_bytes
+from chunkstore.testing.faults import IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
-from tests.helpers import kv_pages
-from tests.index_faults import IndexFaults, faulty_index
 from tests.fullfs import fill, small_tmpfs
+from tests.helpers import kv_pages
 
 
 def _fd_path(fd: int) -> str:
@@ -58,8 +58,8 @@ def full(store, identity):
 
 def _assert_invisible(store: ChunkStore, pages) -> None:
     assert store.exists([p.key for p in pages]) == [False] * len(pages)
-    assert not any(store.files.path_for(p.key).exists() for p in pages)
-    assert store.files.count_temps() == 0
+    assert not any(store.payloads.path_for(p.key).exists() for p in pages)
+    assert len(store.payloads.leftovers()) == 0
     assert store.get(pages) == [None] * len(pages)
 
 
@@ -74,8 +74,8 @@ def _no_space(fd, data):
 
 def test_enospc_on_every_write_then_recovery(full):
     store, old, old_t, new, new_t = full
-    real = store.files.os_write
-    store.files.os_write = _no_space
+    real = store.payloads.os_write
+    store.payloads.os_write = _no_space
     result = store.put(new, new_t)
     assert result.stored == [] and set(result.failed) == {p.key for p in new}
     assert all("No space" in why for why in result.failed.values())
@@ -83,7 +83,7 @@ def test_enospc_on_every_write_then_recovery(full):
     _assert_loads(store, old, old_t)
     assert store.stats().write_errors == 4
     # space comes back (here: the fault clears and some chunks are evicted): writes resume
-    store.files.os_write = real
+    store.payloads.os_write = real
     assert evict_bytes(store, 1).num_chunks == 1
     result = store.put(new, new_t)
     assert result.ok and result.stored == [p.key for p in new]
@@ -95,14 +95,14 @@ def test_enospc_on_some_pages(full):
     """Only the pages whose temp file hits the full disk fail; the rest are stored."""
     store, old, old_t, new, new_t = full
     doomed = {new[1].key.hex(), new[3].key.hex()}
-    real = store.files.os_write
+    real = store.payloads.os_write
 
     def sometimes_no_space(fd, data):
         if any(h in _fd_path(fd) for h in doomed):
             raise _enospc()
         return real(fd, data)
 
-    store.files.os_write = sometimes_no_space
+    store.payloads.os_write = sometimes_no_space
     result = store.put(new, new_t)
     assert set(result.failed) == {new[1].key, new[3].key}
     assert sorted(result.stored) == sorted([new[0].key, new[2].key])
@@ -159,7 +159,7 @@ def test_enospc_in_fsync_of_a_temp_file(full, monkeypatch):
 def test_enospc_in_fsync_of_a_chunk_folder(full, monkeypatch):
     """The renames already happened when the folder fsync fails: they are undone."""
     store, old, old_t, new, new_t = full
-    chunks_dir = str(store.files.chunks_dir)
+    chunks_dir = str(store.payloads.chunks_dir)
     real_fsync = os.fsync
 
     def failing_dir_fsync(fd):
@@ -246,7 +246,7 @@ def test_put_under_capacity_pressure_keeps_the_prefix_it_extends(tmp_path, ident
 def test_every_failed_write_is_counted_and_the_store_is_degraded_until_one_succeeds(full):
     store, old, old_t, new, new_t = full
     assert store.stats().write_health.last_ok_at is not None and not store.stats().write_health.degraded
-    real_write, store.files.os_write = store.files.os_write, _no_space
+    real_write, store.payloads.os_write = store.payloads.os_write, _no_space
     for _ in range(3):  # not only the first failure: each of them
         assert len(store.put(new, new_t).failed) == 4
     s = store.stats()
@@ -256,7 +256,7 @@ def test_every_failed_write_is_counted_and_the_store_is_degraded_until_one_succe
     assert h.last_error_at >= h.last_ok_at
     _assert_loads(store, old, old_t)  # reads go on while degraded
     assert store.stats().write_health.degraded
-    store.files.os_write = real_write
+    store.payloads.os_write = real_write
     assert store.put(new, new_t).ok
     h = store.stats().write_health
     assert not h.degraded and h.failures == 12 and h.last_ok_at >= h.last_error_at
@@ -266,18 +266,18 @@ def test_failures_are_logged_rate_limited_with_the_reason_and_the_folder(tmp_pat
     caplog.set_level(logging.WARNING, logger="chunkstore.disk.store")
     pages = chain_pages(identity, list(range(identity.page_size * 3)))
     with ChunkStore(tmp_path / "s", identity, failure_log_interval_s=3600) as store:
-        real_write, store.files.os_write = store.files.os_write, _no_space
+        real_write, store.payloads.os_write = store.payloads.os_write, _no_space
         for _ in range(4):
             store.put(pages, kv_pages(identity, 3))
         lines = [r.getMessage() for r in caplog.records]
         assert len(lines) == 1  # the first at once; the other 11 wait for the next summary
         assert str(store.root) in lines[0] and "[ENOSPC] No space left on device" in lines[0]
-        store.files.os_write = real_write
+        store.payloads.os_write = real_write
         assert store.put(pages, kv_pages(identity, 3)).ok  # recovery owes the summary at once
         lines = [r.getMessage() for r in caplog.records]
         assert f"11 more write(s) to the store at {store.root} failed (11 page(s))" in lines[1]
         assert "succeed again (12 failed write(s)" in lines[2]
-        store.files.os_write = _no_space
+        store.payloads.os_write = _no_space
         for _ in range(2):
             store.put(chain_pages(identity, list(range(100, 100 + identity.page_size))), kv_pages(identity, 1))
     lines = [r.getMessage() for r in caplog.records]  # closed: the summary owed is logged

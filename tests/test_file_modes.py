@@ -21,7 +21,7 @@ from chunkstore.api.overrides import SettingsFile
 from chunkstore.api.security import load_or_create_token
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cli import main
-from chunkstore.disk.index import db_files
+from chunkstore.disk.index import db_files, sqlite_url
 from chunkstore.disk.maintenance import rebuild
 from chunkstore.disk.store import PRIVATE_MARKER, STORE_FILENAME
 from tests.helpers import TINY, kv_pages
@@ -58,7 +58,7 @@ def _not_private(root: Path) -> dict[str, str]:
 
 
 def _corrupt(store: ChunkStore, key: bytes) -> None:
-    path = store.files.path_for(key)
+    path = store.payloads.path_for(key)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x10
     path.write_bytes(bytes(data))  # rewriting in place keeps the file's mode
@@ -82,10 +82,10 @@ def test_every_file_and_folder_a_store_writes_is_private(tmp_path, open_umask):
         assert store.put(pages, kv_pages(TINY, 6)).ok
         _corrupt(store, pages[5].key)
         assert store.get(pages[5:]) == [None]  # quarantined
-        assert len(list(store.files.quarantine_dir.iterdir())) == 1
+        assert len(list(store.payloads.quarantine_dir.iterdir())) == 1
         SettingsFile(root).write({"disk_size": 1e9})
         load_or_create_token(root / "admin-token")
-        assert all(f.exists() for f in db_files(root))  # the WAL and its shared memory, while open
+        assert all(f.exists() for f in db_files(sqlite_url(root)))  # the WAL and its shared memory, while open
         assert _not_private(root) == {}
     assert _not_private(root) == {}
     with ChunkStore(root, TINY, reset_index=True) as store:  # `chunkstore rebuild` makes a new index
@@ -105,11 +105,11 @@ def test_a_temp_file_is_private_from_the_moment_it_exists(tmp_path, open_umask):
         yield b"y" * 100
 
     with ChunkStore(tmp_path / "data", TINY) as store:
-        writer = threading.Thread(target=store.files.write_temp, args=(b"\1" * 32, segments()))
+        writer = threading.Thread(target=store.payloads.stage, args=(b"\1" * 32, segments()))
         writer.start()
         try:
             assert started.wait(30)
-            (temp,) = store.files.tmp_dir.iterdir()
+            (temp,) = store.payloads.tmp_dir.iterdir()
             assert _mode(temp) == 0o600
         finally:
             release.set()
@@ -157,7 +157,7 @@ def test_the_chunk_tree_is_walked_once_the_top_level_on_every_open(tmp_path):
     pages = chain_pages(TINY, list(range(TINY.page_size * 2)))
     with ChunkStore(root, TINY) as store:
         assert store.put(pages, kv_pages(TINY, 2)).ok
-        deep = store.files.path_for(pages[0].key)
+        deep = store.payloads.path_for(pages[0].key)
     assert json.loads((root / STORE_FILENAME).read_text())[PRIVATE_MARKER] is True
     # Loosened after the walk (by hand: the store itself never creates such files again).
     top_level = [root, root / "chunks", root / "tmp", root / "quarantine"]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow
+from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, sqlite_url
 
 ROOT = b"\xff" * 32
 _SORT_KEY = {ChunkOrder.LAST_ACCESS: lambda r: r.last_access_at, ChunkOrder.HITS: lambda r: r.hit_count,
@@ -35,7 +35,7 @@ def make_rows(seed: int, n: int) -> list[ChunkRow]:
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory):
     rows = make_rows(7, 120)
-    index = ChunkIndex(tmp_path_factory.mktemp("index"))
+    index = ChunkIndex(sqlite_url(tmp_path_factory.mktemp("index")))
     index.insert(rows)
     yield index, rows
     index.close()
@@ -128,10 +128,10 @@ def test_children_subtree_and_leaves(indexed):
 
 
 def test_listing_reads_a_read_only_index(tmp_path):
-    index = ChunkIndex(tmp_path)
+    index = ChunkIndex(sqlite_url(tmp_path))
     index.insert(make_rows(1, 10))
     index.close()
-    ro = ChunkIndex(tmp_path, read_only=True)
+    ro = ChunkIndex(sqlite_url(tmp_path), read_only=True)
     try:
         assert ro.count_chunks(ChunkQuery(keys=frozenset(r.key for r in make_rows(1, 10)[:4]))) == 4
     finally:

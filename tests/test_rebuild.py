@@ -17,7 +17,7 @@ import torch
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cli import main
-from chunkstore.disk.index import ChunkIndex, db_files
+from chunkstore.disk.index import ChunkIndex, db_files, sqlite_url
 from chunkstore.disk.keys import PageRef
 from chunkstore.disk.maintenance import gc, rebuild, verify
 from chunkstore.testing.tensors import same_bytes
@@ -39,7 +39,7 @@ def saved(tmp_path) -> tuple[Path, list[PageRef], list[torch.Tensor]]:
 def _drop_rows(root: Path, keys: list[bytes]) -> int:
     """Delete index rows and leave their files (a crash between publish and row commit), through an
     index of the test's own on the store's file."""
-    index = ChunkIndex(root)
+    index = ChunkIndex(sqlite_url(root))
     try:
         return index.delete(keys)
     finally:
@@ -59,7 +59,7 @@ def _assert_all_load(root: Path, pages: list[PageRef], tensors: list[torch.Tenso
 
 
 def _lose_index(root: Path, how: str) -> None:
-    for f in db_files(root):
+    for f in db_files(sqlite_url(root)):
         if how == "deleted":
             f.unlink(missing_ok=True)
         else:
@@ -107,7 +107,7 @@ def test_read_only_open_does_not_create_an_index(saved, capsys):
     root, _, _ = saved
     _lose_index(root, "deleted")
     _cli(capsys, "stats", "--disk-path", str(root))
-    assert [f for f in db_files(root) if f.exists()] == []
+    assert [f for f in db_files(sqlite_url(root)) if f.exists()] == []
 
 
 def _damage_two(root: Path, pages: list[PageRef]) -> set[bytes]:
@@ -242,7 +242,7 @@ def test_leftover_temps_are_removed_by_repair_gc_and_open(saved):
     keep.write_bytes(b"x")
     with ChunkStore(root, TINY) as s:
         temps = _leave_temps(root)
-        assert s.files.count_temps() == 3
+        assert len(s.payloads.leftovers()) == 3
         assert verify(s).temps_removed == 0 and all(t.exists() for t in temps)  # no repair: untouched
         assert verify(s, repair=True).temps_removed == 3
         assert not any(t.exists() for t in temps)
@@ -251,7 +251,7 @@ def test_leftover_temps_are_removed_by_repair_gc_and_open(saved):
         assert not any(t.exists() for t in temps)
         temps = _leave_temps(root, 4)
     with ChunkStore(root, TINY) as s:
-        assert s.files.count_temps() == 0
+        assert len(s.payloads.leftovers()) == 0
         assert not any(t.exists() for t in temps)
     assert keep.exists()  # only our temp files are removed
     _assert_all_load(root, pages, tensors)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from chunkstore.api.history_schema import metadata as api_metadata
 from sqlalchemy import create_engine, text
 
 from chunkstore.disk import migrations
-from chunkstore.disk.index import ChunkIndex, ChunkRow
-from chunkstore.api.history_schema import metadata as api_metadata
+from chunkstore.disk.index import ChunkIndex, ChunkRow, sqlite_url
 from chunkstore.disk.schema import metadata as disk_metadata
 
 
 def test_migrations_match_the_schema_module(tmp_path):
-    ChunkIndex(tmp_path).close()
+    ChunkIndex(sqlite_url(tmp_path)).close()
     engine = create_engine(f"sqlite:///{tmp_path / 'index.db'}")
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), [disk_metadata, api_metadata])
@@ -41,7 +41,7 @@ def test_upgrade_is_idempotent_and_reports_revisions(tmp_path):
 
 
 def test_usage_triggers_follow_inserts_and_deletes(tmp_path):
-    index = ChunkIndex(tmp_path)
+    index = ChunkIndex(sqlite_url(tmp_path))
     rows = [ChunkRow(bytes([i]) * 32, b"\0" * 32, "ns" if i % 2 else "other", 4, 100, 60 + i, 1.0, 1.0)
             for i in range(10)]
     assert index.insert(rows) == 10

@@ -11,9 +11,11 @@ import textwrap
 import pytest
 import torch
 
-from chunkstore import Codec, ChunkStore, ModelIdentity, ModelMismatchError, chain_pages
+from chunkstore import ChunkStore, Codec, ModelIdentity, ModelMismatchError, chain_pages
+from chunkstore.disk.files import ChunkFiles
 from chunkstore.disk.maintenance import evict_bytes
-from chunkstore.disk.store import TORCH_DTYPES
+from chunkstore.disk.page_io import TORCH_DTYPES
+from chunkstore.testing.faults import FaultyPayloads
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
 
@@ -72,11 +74,11 @@ def test_persistence_in_a_new_process(tmp_path, identity, chain):
 def test_dedup_writes_nothing(store, chain):
     pages, tensors = chain
     store.put(pages[:4], tensors[:4])
-    mtimes = [store.files.path_for(p.key).stat().st_mtime_ns for p in pages[:4]]
+    mtimes = [store.payloads.path_for(p.key).stat().st_mtime_ns for p in pages[:4]]
     result = store.put(pages, tensors)
     assert sorted(result.deduplicated) == sorted(p.key for p in pages[:4])
     assert len(result.stored) == 6
-    assert [store.files.path_for(p.key).stat().st_mtime_ns for p in pages[:4]] == mtimes
+    assert [store.payloads.path_for(p.key).stat().st_mtime_ns for p in pages[:4]] == mtimes
     assert store.stats().dedup_hits == 4
     # a batch naming the same key twice stores it once
     again = chain_pages(store.identity, list(range(100, 104)))
@@ -166,7 +168,7 @@ def test_capacity_too_small_fails_cleanly(tmp_path, identity, chain):
         assert set(r.failed) == {p.key for p in pages[:2]}
         assert "capacity" in next(iter(r.failed.values()))
         assert s.exists([p.key for p in pages[:2]]) == [False, False]
-        assert s.files.count_temps() == 0
+        assert len(s.payloads.leftovers()) == 0
 
 
 def test_namespaces_never_share_chunks(store, identity):
@@ -227,7 +229,7 @@ def test_a_put_never_evicts_the_prefix_it_extends(store, identity):
     r = store.put(b[2:], kv_pages(identity, 2, 3))  # would only fit behind a hole
     assert set(r.failed) == {p.key for p in b[2:]} and "quota" in r.failed[b[2].key]
     assert store.exists([p.key for p in b]) == [True, True, False, False]
-    assert store.files.count_temps() == 0
+    assert len(store.payloads.leftovers()) == 0
 
 
 def test_delete_namespace(store, identity):
@@ -240,7 +242,7 @@ def test_delete_namespace(store, identity):
     assert result.num_chunks == 4
     assert store.exists([p.key for p in a]) == [False] * 4
     assert all(store.exists([p.key for p in b]))
-    assert not any(store.files.path_for(p.key).exists() for p in a)
+    assert not any(store.payloads.path_for(p.key).exists() for p in a)
 
 
 def test_refuses_another_model(tmp_path, identity):
@@ -312,7 +314,7 @@ def test_direct_and_buffered_reads_agree(tmp_path, identity, chain, direct_reads
     with ChunkStore(tmp_path, identity, direct_reads=direct_reads) as s:
         assert all(same_bytes(g, t) for g, t in zip(s.get(pages), tensors))
         # a truncated file is short whichever way it is read: a miss, quarantined
-        path = s.files.path_for(pages[2].key)
+        path = s.payloads.path_for(pages[2].key)
         path.write_bytes(path.read_bytes()[:-1000])
         assert s.get(pages[2:3]) == [None]
         assert s.stats().quarantined == 1
@@ -324,7 +326,7 @@ def test_a_short_direct_read_falls_back_to_a_buffered_one(tmp_path, identity, ch
     pages, tensors = chain
     with ChunkStore(tmp_path, identity) as s:
         s.put(pages, tensors)
-        if not s.files.direct_reads:
+        if not s.payloads.direct_reads:
             pytest.skip("this file system refuses O_DIRECT")
         real_preadv = os_module.preadv
         monkeypatch.setattr("chunkstore.disk.files.os.preadv", lambda fd, bufs, off: min(1, real_preadv(fd, bufs, off)))
@@ -333,33 +335,28 @@ def test_a_short_direct_read_falls_back_to_a_buffered_one(tmp_path, identity, ch
         assert s.stats().quarantined == 0
 
 
-def test_an_unexpected_error_in_a_put_leaves_no_temp_file(store, chain, monkeypatch):
+def test_an_unexpected_error_in_a_put_leaves_no_temp_file(tmp_path, identity, chain):
     pages, tensors = chain
-    real = store._encode_and_write
-
-    def sometimes_broken(page, tensor):
-        if page.key == pages[3].key:
-            raise RuntimeError("a bug in an encoder")
-        return real(page, tensor)
-
-    monkeypatch.setattr(store, "_encode_and_write", sometimes_broken)
-    with pytest.raises(RuntimeError, match="bug"):
-        store.put(pages, tensors)
-    assert store.files.count_temps() == 0
-    assert store.exists([p.key for p in pages]) == [False] * len(pages)
+    payloads = FaultyPayloads(ChunkFiles(tmp_path))
+    with ChunkStore(tmp_path, identity, payloads=payloads) as store:
+        payloads.fail("stage", lambda: RuntimeError("a bug in an encoder"), key=pages[3].key)
+        with pytest.raises(RuntimeError, match="bug"):
+            store.put(pages, tensors)
+        assert len(store.payloads.leftovers()) == 0
+        assert store.exists([p.key for p in pages]) == [False] * len(pages)
 
 
 @pytest.mark.timeout(120)  # a leaked buffer shows as a hang
-def test_a_read_that_fails_unexpectedly_gives_its_buffer_back(tmp_path, identity, chain, monkeypatch):
+def test_a_read_that_fails_unexpectedly_gives_its_buffer_back(tmp_path, identity, chain):
     pages, tensors = chain
-    with ChunkStore(tmp_path, identity, io_threads=2) as s:  # 8 read buffers in all
+    payloads = FaultyPayloads(ChunkFiles(tmp_path))
+    with ChunkStore(tmp_path, identity, io_threads=2, payloads=payloads) as s:  # 8 read buffers in all
         s.put(pages, tensors)
-        real_read = s.files.read
-        monkeypatch.setattr(s.files, "read", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("bug")))
+        payloads.fail("read", lambda: RuntimeError("bug"))
         for _ in range(3):  # more failed pages than there are buffers
             with pytest.raises(RuntimeError):
                 s.get(pages)
-        monkeypatch.setattr(s.files, "read", real_read)
+        payloads.clear()
         assert all(same_bytes(g, t) for g, t in zip(s.get(pages), tensors))  # no buffer leaked: no hang
 
 
@@ -367,8 +364,8 @@ def test_gc_spares_the_temp_files_of_puts_in_flight(store, chain):
     from chunkstore.disk.maintenance import gc
 
     pages, tensors = chain
-    mine = store.files.write_temp(pages[0].key, [b"in flight"])
-    dead = store.files.tmp_dir / f"tmp-{pages[1].key.hex()}-999999999-0"
+    mine = store.payloads.stage(pages[0].key, [b"in flight"])
+    dead = store.payloads.tmp_dir / f"tmp-{pages[1].key.hex()}-999999999-0"
     dead.write_bytes(b"left by a crashed writer")
     assert gc(store).temps_removed == 1
-    assert mine.exists() and not dead.exists()
+    assert mine.handle.exists() and not dead.exists()

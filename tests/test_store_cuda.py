@@ -30,7 +30,7 @@ def test_a_corrupt_chunk_never_reaches_a_cuda_destination(tmp_path, identity, ch
     pages, tensors = chain
     with ChunkStore(tmp_path, identity) as store:
         store.put(pages, tensors)
-        path = store.files.path_for(pages[1].key)
+        path = store.payloads.path_for(pages[1].key)
         data = bytearray(path.read_bytes())
         data[-3] ^= 0x10
         path.write_bytes(bytes(data))

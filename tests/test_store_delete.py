@@ -30,7 +30,7 @@ def test_delete_a_subtree_deepest_or_not(store):
     assert result.stored_bytes == before.stored_bytes - store.stats().stored_bytes
     assert store.exists(keys) == [True, False, False, False] and store.longest_prefix(keys) == 1
     assert store.stats().evictions == before.evictions + 3
-    assert not any(store.files.path_for(k).exists() for k in keys[1:])
+    assert not any(store.payloads.path_for(k).exists() for k in keys[1:])
     assert store.get(pages[:1])[0] is not None
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, StrandedDescendantsError
-from chunkstore.disk.index import ChunkIndex, ChunkRow
+from chunkstore.disk.index import ChunkIndex, ChunkRow, sqlite_url
 from chunkstore.disk.maintenance import evict_bytes
 from tests.helpers import TINY, kv_pages
 
@@ -23,7 +23,7 @@ P = TINY.page_size
 
 def set_access_times(root, times: dict[bytes, float]) -> None:
     """Give chunks distinct access times through an index of the test's own on the store's file."""
-    index = ChunkIndex(root)
+    index = ChunkIndex(sqlite_url(root))
     try:
         for key, t in times.items():
             index.touch([key], now=t)
@@ -94,7 +94,7 @@ def test_a_plan_is_what_the_rule_takes_and_changes_nothing(tmp_path_factory, see
         done = store.evict(plan)
         assert done is plan  # nothing changed in between: exactly the plan
         assert not any(store.exists(list(plan.keys)))
-        assert not any(store.files.path_for(k).exists() for k in plan.keys)
+        assert not any(store.payloads.path_for(k).exists() for k in plan.keys)
         assert store.stats().evictions == plan.num_chunks
     finally:
         store.close()

@@ -59,6 +59,7 @@ def _calls(pages, plan, rows):
         "quarantine": lambda s: s.quarantine(keys[0], "default", "a test"),
         "drop_missing": lambda s: s.drop_missing(keys),
         "remove_leftover_temps": lambda s: s.remove_leftover_temps(),
+        "purge_quarantine": lambda s: s.purge_quarantine(),
         "checkpoint": lambda s: s.checkpoint(),
         "write_side_tables": lambda s: s.write_side_tables().__enter__(),
     }
@@ -77,7 +78,7 @@ def test_every_mutation_is_refused_on_a_read_only_store_and_changes_nothing(stor
         assert ro.plan_eviction(EvictionSelection(bytes_to_free=1)).keys == plan.keys  # reads still work
     with ChunkStore(root, TINY) as s:
         assert s.longest_prefix([p.key for p in pages]) == 3 and s.quota("default") == 10**9
-        assert all(s.files.path_for(p.key).exists() for p in pages)
+        assert all(s.payloads.path_for(p.key).exists() for p in pages)
         assert not any(r.pinned for r in s.iter_rows())
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.testing import crash_soak as soak
 from chunkstore.disk.files import Durability
-from chunkstore.disk.index import ChunkIndex
+from chunkstore.disk.index import ChunkIndex, sqlite_url
 from chunkstore.disk.maintenance import verify
 from chunkstore.disk.store import ChunkStore
+from chunkstore.testing import crash_soak as soak
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -34,21 +34,22 @@ KEPT = soak.chain_for("default", (2,))  # committed before the crashes
 _WRITER = """
     import sys, time
     from chunkstore.testing import crash_soak as soak
-    from chunkstore.disk.files import Durability
+    from chunkstore.disk.files import ChunkFiles, Durability
     from chunkstore.disk.store import ChunkStore
     from chunkstore.disk.index import ChunkIndex
+    from chunkstore.testing.faults import FaultyPayloads
     def hang(*args, **kwargs):
         print("hung", flush=True)
         time.sleep(600)
     class HangingIndex(ChunkIndex):  # the files are published; their rows never commit
         insert = hang
     index = HangingIndex if sys.argv[2] == "before-row" else ChunkIndex
-    store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, durability=Durability.NONE, num_workers=2,
-                       index_factory=index)
+    payloads = FaultyPayloads(ChunkFiles(sys.argv[1], Durability.NONE))
+    store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, num_workers=2, index_factory=index, payloads=payloads)
     if sys.argv[2] == "before-row":
         pages = soak.chain_for("default", (0, 1, 2))
     else:
-        store.files.publish = hang  # every temp file is complete; none is published
+        payloads.hook("publish", hang)  # every temp file is complete; none is published
         pages = soak.chain_for("ns1", (1, 0))
     store.put(pages, [soak.expected_page(p.key) for p in pages])
 """
@@ -133,7 +134,7 @@ def test_a_put_in_flight_is_not_damage(tmp_path):
             verified.wait(30)
 
         def publish_in_flight():  # the row goes away and comes back under the writer lock, as a
-            index = ChunkIndex(store.root)  # the test's own, on the store's file
+            index = ChunkIndex(sqlite_url(store.root))  # the test's own, on the store's file
             with store.exclusive():  # put's publish and row commit hold the writer lock
                 index.delete([row.key])
                 committing.set()
@@ -141,7 +142,7 @@ def test_a_put_in_flight_is_not_damage(tmp_path):
                 index.insert([row])
             index.close()
 
-        threads = [threading.Thread(target=store.files.write_temp, args=(b"\2" * 32, segments())),
+        threads = [threading.Thread(target=store.payloads.stage, args=(b"\2" * 32, segments())),
                    threading.Thread(target=publish_in_flight)]
         for t in threads:
             t.start()

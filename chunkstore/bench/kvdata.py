@@ -17,7 +17,7 @@ import torch
 
 from chunkstore.choices import Choice
 from chunkstore.disk.identity import ModelIdentity
-from chunkstore.disk.store import TORCH_DTYPES
+from chunkstore.disk.page_io import TORCH_DTYPES
 
 
 class KVSource(Choice):

@@ -52,12 +52,8 @@ from chunkstore.disk.codec import Codec
 from chunkstore.disk.identity import DTYPE_ITEMSIZE, ModelIdentity
 from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
-from chunkstore.disk.store import (
-    TORCH_DTYPES,
-    ChunkStore,
-    default_num_workers,
-    page_tensor_bytes,
-)
+from chunkstore.disk.page_io import TORCH_DTYPES, page_tensor_bytes
+from chunkstore.disk.store import ChunkStore, default_num_workers
 from chunkstore.output import add_output_arguments, check_output_path, emit_result
 from chunkstore.testing.tensors import same_bytes
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from chunkstore.disk.identity import DTYPE_CODES, DTYPE_ITEMSIZE, ModelIdentity
-from chunkstore.disk.store import TORCH_DTYPES
+from chunkstore.disk.page_io import TORCH_DTYPES
 
 _DIM_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "page_size")
 

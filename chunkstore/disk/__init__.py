@@ -11,27 +11,27 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# public name -> the module that defines it
-EXPORTS = {
-    "Codec": "chunkstore.disk.codec", "CorruptChunkError": "chunkstore.disk.codec",
-    "Durability": "chunkstore.disk.files",
-    "ModelIdentity": "chunkstore.disk.identity", "ModelMismatchError": "chunkstore.disk.identity",
-    "DEFAULT_NAMESPACE": "chunkstore.disk.keys", "PageRef": "chunkstore.disk.keys",
-    "chain_pages": "chunkstore.disk.keys", "page_key": "chunkstore.disk.keys", "root_key": "chunkstore.disk.keys",
-    "ChunkStore": "chunkstore.disk.store", "EvictResult": "chunkstore.disk.store", "PutResult": "chunkstore.disk.store",
-    "StoreBusyError": "chunkstore.disk.store", "StoreStats": "chunkstore.disk.store",
-    "store_root": "chunkstore.disk.store", "ReadOnlyStoreError": "chunkstore.disk.store",
-    # the types the store's methods take and return
-    "ChunkHeader": "chunkstore.disk.chunkfile",
-    "FileCheck": "chunkstore.disk.file_check", "FileStatus": "chunkstore.disk.file_check",
-    "ChunkOrder": "chunkstore.disk.index", "ChunkQuery": "chunkstore.disk.index", "ChunkRow": "chunkstore.disk.index",
-    "IndexMissingError": "chunkstore.disk.index",
-    "EvictionPlan": "chunkstore.disk.eviction", "EvictionSelection": "chunkstore.disk.eviction",
-    "ChunkNotStoredError": "chunkstore.disk.eviction", "StrandedDescendantsError": "chunkstore.disk.eviction",
-    # owner-only files (the store's own, and any other a caller keeps beside it)
-    "PRIVATE_FILE_MODE": "chunkstore.disk.files", "make_private": "chunkstore.disk.files",
-    "write_private_file": "chunkstore.disk.files",
+# the module that defines them -> public names
+_OWNERS = {
+    "chunkstore.disk.codec": ("Codec", "CorruptChunkError"),
+    "chunkstore.disk.identity": ("ModelIdentity", "ModelMismatchError"),
+    "chunkstore.disk.keys": ("DEFAULT_NAMESPACE", "PageRef", "chain_pages", "page_key", "root_key"),
+    "chunkstore.disk.store": ("ChunkStore",),
+    "chunkstore.disk.results": ("EvictResult", "PutResult", "StoreStats", "ReadOnlyStoreError"),
+    "chunkstore.disk.store_folder": ("StoreBusyError", "store_root", "read_identity"),
+    # the seams: where the index and the payloads are; owner-only files (the store's own, and any
+    # other a caller keeps beside it)
+    "chunkstore.disk.index": ("sqlite_url", "ChunkOrder", "ChunkQuery", "ChunkRow", "IndexMissingError"),
+    "chunkstore.disk.payloads": ("PayloadStore", "Staged"),
+    "chunkstore.disk.files": ("ChunkFiles", "Durability", "PRIVATE_FILE_MODE", "make_private", "write_private_file"),
+    # the other types the store's methods take and return
+    "chunkstore.disk.chunkfile": ("ChunkHeader",),
+    "chunkstore.disk.file_check": ("FileCheck", "FileStatus"),
+    "chunkstore.disk.eviction": ("EvictionPlan", "EvictionSelection", "ChunkNotStoredError",
+                                 "StrandedDescendantsError"),
 }
+# public name -> the module that defines it
+EXPORTS = {name: module for module, names in _OWNERS.items() for name in names}
 
 __all__ = sorted(EXPORTS)
 
@@ -40,12 +40,14 @@ if TYPE_CHECKING:
     from chunkstore.disk.codec import Codec, CorruptChunkError
     from chunkstore.disk.eviction import ChunkNotStoredError, EvictionPlan, EvictionSelection, StrandedDescendantsError
     from chunkstore.disk.file_check import FileCheck, FileStatus
-    from chunkstore.disk.files import PRIVATE_FILE_MODE, Durability, make_private, write_private_file
+    from chunkstore.disk.files import PRIVATE_FILE_MODE, ChunkFiles, Durability, make_private, write_private_file
     from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
-    from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError
+    from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError, sqlite_url
     from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, page_key, root_key
-    from chunkstore.disk.store import (ChunkStore, EvictResult, PutResult, ReadOnlyStoreError, StoreBusyError,
-                                       StoreStats, store_root)
+    from chunkstore.disk.payloads import PayloadStore, Staged
+    from chunkstore.disk.results import EvictResult, PutResult, ReadOnlyStoreError, StoreStats
+    from chunkstore.disk.store import ChunkStore
+    from chunkstore.disk.store_folder import StoreBusyError, read_identity, store_root
 
 
 def __getattr__(name: str) -> Any:

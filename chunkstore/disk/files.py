@@ -1,4 +1,5 @@
-"""The chunk folder tree: fan-out paths, atomic publish, bounded reads, quarantine, temp cleanup.
+"""The chunk folder tree, the default PayloadStore: fan-out paths, atomic publish, bounded reads,
+quarantine, temp cleanup.
 
 Invariants: a chunk path holds a complete file or nothing (temp file in tmp/, write, fsync per the
 durability setting, rename, fsync the folder); a failed write leaves no file at the chunk path
@@ -16,7 +17,6 @@ import itertools
 import logging
 import mmap
 import os
-import queue
 import secrets
 import threading
 import time
@@ -25,6 +25,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from chunkstore.choices import Choice
+from chunkstore.disk.payloads import _ALIGN, PayloadStore, Staged, aligned_size
 
 log = logging.getLogger(__name__)
 
@@ -41,37 +42,6 @@ class Durability(Choice):
 
     FSYNC = "fsync"
     NONE = "none"
-
-
-_ALIGN = 4096
-
-
-def aligned_size(n: int) -> int:
-    """``n`` rounded up to the O_DIRECT alignment (at least one block)."""
-    return max(_ALIGN, (n + _ALIGN - 1) // _ALIGN * _ALIGN)
-
-
-class ReadBuffers:
-    """A bounded pool of page-aligned read buffers, so reads ahead of decoding use fixed memory.
-
-    ``acquire`` blocks while all ``count`` buffers are out; ``release`` returns one.
-    """
-
-    def __init__(self, count: int, size_bytes: int):
-        self.size_bytes = aligned_size(size_bytes)
-        self._free: queue.LifoQueue[mmap.mmap] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(count)
-
-    def acquire(self) -> mmap.mmap:
-        self._slots.acquire()
-        try:
-            return self._free.get_nowait()
-        except queue.Empty:
-            return mmap.mmap(-1, self.size_bytes)
-
-    def release(self, buf: mmap.mmap) -> None:
-        self._free.put(buf)
-        self._slots.release()
 
 
 def _checked_size(fd: int, max_size_bytes: int) -> int:
@@ -170,11 +140,13 @@ class _PrivateWalk:
         self.changed += 1
 
 
-class ChunkFiles:
-    """The files of one store under ``root``: chunks/ab/cd/<key hex>.kv, tmp/, quarantine/."""
+class ChunkFiles(PayloadStore):
+    """The files of one store under ``root``: chunks/ab/cd/<key hex>.kv, tmp/ (staged payloads:
+    temp files), quarantine/."""
 
     def __init__(self, root: Path, durability: Durability = Durability.FSYNC, direct_reads: bool = True):
         self.root = Path(root)
+        self.location = str(self.root)
         self.chunks_dir = self.root / "chunks"
         self.tmp_dir = self.root / "tmp"
         self.quarantine_dir = self.root / "quarantine"
@@ -187,12 +159,12 @@ class ChunkFiles:
         # put one here that fails (ENOSPC) to make a real store's writes fail.
         self.os_write = _os_write
 
-    def create_dirs(self) -> None:
+    def create(self) -> None:
         """Create (or make private) chunks/, tmp/ and quarantine/: cheap, on every writable open."""
         for d in (self.chunks_dir, self.tmp_dir, self.quarantine_dir):
             make_private_dir(d)
 
-    def make_tree_private(self) -> int:
+    def make_private(self) -> int:
         """chmod every folder under chunks/, tmp/ and quarantine/ 0700 and every file 0600 (a full
         walk, for a store written before files were private: about 15 us per entry, as much as
         listing it); returns how many entries it chmod-ed. Symlinks are skipped, not followed."""
@@ -207,7 +179,7 @@ class ChunkFiles:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write_temp(self, key: bytes, segments: Sequence[bytes | memoryview]) -> Path:
+    def stage(self, key: bytes, segments: Sequence[bytes | memoryview]) -> Staged:
         """Write a complete temp file for ``key``; on any error remove it and re-raise."""
         # Unique per call: two puts of one key must never share (and truncate) a temp file.
         tmp = self.tmp_dir / f"{TMP_PREFIX}{key.hex()}-{os.getpid()}-{next(self._temp_seq)}"
@@ -222,7 +194,7 @@ class ChunkFiles:
             tmp.unlink(missing_ok=True)
             raise
         os.close(fd)
-        return tmp
+        return Staged(key, tmp)
 
     def _write_all(self, fd: int, data: memoryview) -> None:
         while len(data):
@@ -231,15 +203,15 @@ class ChunkFiles:
                 raise OSError(errno.ENOSPC, "short write")
             data = data[n:]
 
-    def publish(self, temps: Sequence[tuple[Path, bytes]], executor: Executor | None = None) -> None:
+    def publish(self, staged: Sequence[Staged], executor: Executor | None = None) -> None:
         """Rename temp files to their chunk paths, then fsync each folder touched once (on
         ``executor`` when given: keys are random, so a batch touches about one folder per page and
         the fsyncs, done one after another, would serialise a many-core writer)."""
         folders: set[Path] = set()
-        for tmp, key in temps:
-            dest = self.path_for(key)
+        for item in staged:
+            dest = self.path_for(item.key)
             self._ensure_dir(dest.parent)
-            os.replace(tmp, dest)
+            os.replace(item.handle, dest)
             folders.add(dest.parent)
         if self.durability is Durability.FSYNC:
             if executor is None or len(folders) < 4:
@@ -263,10 +235,10 @@ class ChunkFiles:
                 _fsync_dir(top)
         self._made_dirs.add(s)
 
-    def discard_temp(self, tmp: Path) -> None:
-        tmp.unlink(missing_ok=True)
+    def discard(self, staged: Staged) -> None:
+        Path(staged.handle).unlink(missing_ok=True)
 
-    def remove(self, key: bytes) -> bool:
+    def delete(self, key: bytes) -> bool:
         try:
             self.path_for(key).unlink()
             return True
@@ -340,8 +312,17 @@ class ChunkFiles:
 
     # -- housekeeping ----------------------------------------------------------------------
 
-    def quarantine(self, key: bytes) -> Path | None:
-        """Move the file of ``key`` aside; returns its new path, None if it was already gone."""
+    def exists(self, key: bytes) -> bool:
+        return self.path_for(key).is_file()
+
+    def modified_at(self, key: bytes) -> float | None:
+        try:
+            return self.path_for(key).stat().st_mtime
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def quarantine(self, key: bytes) -> str | None:
+        """Move the file of ``key`` to quarantine/; returns its new path, None if it was already gone."""
         src = self.path_for(key)
         dest = self.quarantine_dir / f"{key.hex()}-{time.time_ns()}{CHUNK_SUFFIX}"
         try:
@@ -349,34 +330,39 @@ class ChunkFiles:
         except FileNotFoundError:
             return None
         make_private(dest, PRIVATE_FILE_MODE)  # a file written before files were private
-        return dest
+        return str(dest)
 
-    def iter_temps(self, keep_own: bool = False) -> Iterator[Path]:
-        """The temp files in tmp/; ``keep_own`` leaves out this process's, which may be puts in
-        flight."""
+    def purge_quarantine(self) -> int:
+        n = 0
+        try:
+            entries = list(os.scandir(self.quarantine_dir))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            Path(entry.path).unlink(missing_ok=True)
+            n += 1
+        return n
+
+    def leftovers(self, keep_own: bool = False) -> set[str]:
+        """The temp files in tmp/ (their names); ``keep_own`` leaves out this process's, which may
+        be puts in flight."""
         own = f"-{os.getpid()}-"
         try:
             entries = list(os.scandir(self.tmp_dir))
         except FileNotFoundError:
-            return
-        for entry in entries:
-            if entry.name.startswith(TMP_PREFIX) and not (keep_own and own in entry.name):
-                yield Path(entry.path)
+            return set()
+        return {e.name for e in entries if e.name.startswith(TMP_PREFIX) and not (keep_own and own in e.name)}
 
-    def remove_temps(self, keep_own: bool = False) -> int:
+    def remove_leftovers(self, keep_own: bool = False) -> int:
         """Delete leftover temp files (call only while holding the store's writer lock, so no
         other process writes here). ``keep_own`` spares this process's temp files, which may be
         puts in flight; on open there are none, so everything goes."""
-        n = 0
-        for path in self.iter_temps(keep_own):
-            path.unlink(missing_ok=True)
-            n += 1
-        return n
+        names = self.leftovers(keep_own)
+        for name in names:
+            (self.tmp_dir / name).unlink(missing_ok=True)
+        return len(names)
 
-    def count_temps(self, keep_own: bool = False) -> int:
-        return sum(1 for _ in self.iter_temps(keep_own))
-
-    def has_chunks(self) -> bool:
+    def has_any(self) -> bool:
         """Whether any fan-out folder exists (a cheap test: it lists only chunks/)."""
         try:
             with os.scandir(self.chunks_dir) as it:
@@ -384,8 +370,15 @@ class ChunkFiles:
         except FileNotFoundError:
             return False
 
+    def keys(self) -> Iterator[bytes]:
+        """The key of every chunk file in the fan-out tree (a full scan: for verify and rebuild
+        only); files whose name is not a key are left out."""
+        for path in self.iter_chunk_paths():
+            if (key := self.key_from_path(path)) is not None:
+                yield key
+
     def iter_chunk_paths(self) -> Iterator[Path]:
-        """Every chunk file in the fan-out tree (a full scan: for verify and rebuild only)."""
+        """Every chunk file in the fan-out tree."""
         if not self.chunks_dir.is_dir():
             return
         for top in sorted(os.scandir(self.chunks_dir), key=lambda e: e.name):

@@ -1,4 +1,8 @@
-"""The chunk index: one SQLite database (WAL) through SQLAlchemy Core.
+"""The chunk index: one SQLite database (WAL) through SQLAlchemy Core, named by a URL.
+
+The URL is the store's index seam: ``sqlite_url(folder)`` (the store's own folder) by default,
+any SQLite file by choice. Only SQLite is supported so far: another database's URL is refused with
+ValueError when the index opens, before anything is written.
 
 Invariants: a row exists only for a chunk whose file was published first (the store writes the
 file, then the row; deletes the row, then the file); all writes go through one connection under
@@ -23,10 +27,11 @@ from pathlib import Path
 
 from sqlalchemy import and_, bindparam, column, create_engine, event, func, or_, select, table, text, tuple_, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
 
-from chunkstore.disk import migrations
 from chunkstore.choices import Choice
+from chunkstore.disk import migrations
 from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
 from chunkstore.disk.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
 
@@ -106,22 +111,49 @@ _ORDER_COLUMNS = {ChunkOrder.LAST_ACCESS: chunks.c.last_access_at, ChunkOrder.HI
 _QUERY_KEYS = table("chunk_query_keys", column("key"), schema="temp")
 
 
-def db_files(root: Path) -> list[Path]:
-    db = Path(root) / DB_FILENAME
-    return [db, db.with_name(DB_FILENAME + "-wal"), db.with_name(DB_FILENAME + "-shm")]
+def sqlite_url(folder: str | os.PathLike) -> str:
+    """The URL of the index kept in a store's folder (``index.db`` there): the default."""
+    return f"sqlite:///{Path(folder) / DB_FILENAME}"
 
 
-def prepare_db_files(root: Path) -> None:
+def sqlite_path(url: str) -> Path:
+    """The database file of a SQLite index URL. Raises ValueError for a URL that is not one, for
+    another database (only SQLite is supported so far) and for an in-memory database (an index
+    must outlive the process)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"not a database URL: {url!r}") from exc
+    if parsed.get_backend_name() != "sqlite":
+        raise ValueError(f"index URL {parsed.render_as_string()!r}: only sqlite:/// URLs are supported so far")
+    if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
+        raise ValueError(f"index URL {url!r} names no database file (write sqlite:///PATH)")
+    return Path(parsed.database)
+
+
+def db_files(url: str) -> list[Path]:
+    """The index file of ``url`` and its WAL and shared-memory files."""
+    db = sqlite_path(url)
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+
+
+def prepare_db_files(url: str) -> None:
     """Create the index file empty with mode 0600 unless it exists (an empty file is an empty
     SQLite database), and make the existing index, WAL and shared-memory files 0600: SQLite
     creates files 0644, and the -wal and -shm files with the main file's mode."""
-    db = Path(root) / DB_FILENAME
+    db = sqlite_path(url)
     try:
         os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
     except FileExistsError:
         pass
-    for f in db_files(root):
+    for f in db_files(url):
         make_private(f, PRIVATE_FILE_MODE)
+
+
+def drop_index(url: str) -> None:
+    """Delete the index of ``url`` (for a rebuild from the chunk headers); the payloads stay."""
+    for f in db_files(url):
+        f.unlink(missing_ok=True)
 
 
 class IndexMissingError(RuntimeError):
@@ -151,16 +183,19 @@ def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
 class ChunkIndex:
     """Rows of the chunk index; thread-safe. Writes are serialised by ``write_lock``."""
 
-    def __init__(self, root: Path, *, read_only: bool = False, must_exist: bool = False):
-        """Open (and migrate, unless ``read_only``) the index under ``root``. Raises
-        IndexMissingError when there is no index file and ``read_only`` or ``must_exist``."""
-        self.path = Path(root) / DB_FILENAME
+    def __init__(self, url: str, *, read_only: bool = False, must_exist: bool = False):
+        """Open (and migrate, unless ``read_only``) the index at ``url`` (``sqlite_url(folder)``).
+        Raises IndexMissingError when there is no index file and ``read_only`` or ``must_exist``,
+        ValueError for a URL that names no SQLite file."""
+        self.url = url
+        self.path = sqlite_path(url)
         self.read_only = read_only
         if (read_only or must_exist) and not self.path.is_file():
-            raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path {root}`")
+            raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path "
+                                    f"{self.path.parent}`")
         if not read_only:
-            prepare_db_files(root)
-        self.engine: Engine = create_engine(f"sqlite:///{self.path}", pool_size=8, max_overflow=8)
+            prepare_db_files(url)
+        self.engine: Engine = create_engine(url, pool_size=8, max_overflow=8)
         event.listen(self.engine, "connect", _on_connect)
         event.listen(self.engine, "begin", _on_begin)
         self.write_lock = threading.RLock()

@@ -1,6 +1,7 @@
 """Offline care of a store: verify (and repair), rebuild the index from chunk headers, gc, and bulk
 eviction (``evict_bytes``: the store's one planner, in bounded rounds). Only the store's public
-methods are used (its index is private to it).
+methods are used (its index is private to it), and its payload store's reading methods (listing,
+existence, mtime) for the scans.
 
 Invariants: verify without repair changes nothing and reports as damage corrupt files, rows whose
 file is missing, chunk files without a row (orphans) and leftover temp files, never a put in
@@ -12,12 +13,10 @@ files; rebuild indexes exactly the chunk files that verify. Each walks the store
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from pathlib import Path
 
 from chunkstore.disk.chunkfile import ChunkHeader
 from chunkstore.disk.eviction import EvictionSelection
@@ -74,11 +73,9 @@ def _chunked(items: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
-def check_file(store: ChunkStore, key: bytes | None, row: ChunkRow | None = None) -> FileCheck:
-    """What the file of ``key`` holds, fully verified (and, given its index ``row``, agreeing with
-    it); a path whose name is no key is corrupt."""
-    if key is None:
-        return FileCheck.corrupt("bad name")
+def check_file(store: ChunkStore, key: bytes, row: ChunkRow | None = None) -> FileCheck:
+    """What the payload of ``key`` holds, fully verified (and, given its index ``row``, agreeing
+    with it)."""
     return store.verify_file(key, row=row)
 
 
@@ -89,10 +86,8 @@ def _row_from(header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
 
 
 def _mtime(store: ChunkStore, key: bytes) -> float:
-    try:
-        return store.files.path_for(key).stat().st_mtime
-    except FileNotFoundError:
-        return time.time()
+    mtime = store.payloads.modified_at(key)
+    return time.time() if mtime is None else mtime
 
 
 def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = None) -> VerifyReport:
@@ -133,8 +128,7 @@ def _remove_temps(store: ChunkStore) -> int:
 
 def _orphan_batches(store: ChunkStore) -> Iterator[list[bytes]]:
     """Keys of chunk files that have no index row, a batch at a time (a full scan of the tree)."""
-    keys = (k for k in map(store.files.key_from_path, store.files.iter_chunk_paths()) if k is not None)
-    for batch in _chunked(keys, _BATCH):
+    for batch in _chunked(store.payloads.keys(), _BATCH):
         present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
         if orphans := [k for k in batch if k not in present]:
             yield orphans
@@ -144,7 +138,7 @@ def _still_orphans(store: ChunkStore, keys: list[bytes]) -> int:
     n = 0
     for batch in _chunked(keys, _BATCH):
         present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
-        n += sum(1 for k in batch if k not in present and store.files.path_for(k).exists())
+        n += sum(1 for k in batch if k not in present and store.payloads.exists(k))
     return n
 
 
@@ -154,12 +148,12 @@ def _count_leftovers(store: ChunkStore) -> tuple[int, int]:
     under the writer lock (publish and row, or row delete and unlink, happen under it), or, when
     another process may hold it (a read-only store), after ``SETTLE_S``."""
     candidates = [k for batch in _orphan_batches(store) for k in batch]
-    temps = list(store.files.iter_temps(keep_own=True))
+    temps = store.payloads.leftovers(keep_own=True)
     if not candidates and not temps:
         return 0, 0
     if store.read_only:
         time.sleep(SETTLE_S)
-        return _still_orphans(store, candidates), sum(1 for t in temps if t.exists())
+        return _still_orphans(store, candidates), len(temps & store.payloads.leftovers(keep_own=True))
     with store.exclusive():
         return _still_orphans(store, candidates), len(temps)
 
@@ -181,15 +175,14 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
     """Index every valid chunk file of a store whose index was just reset (see
     ChunkStore(reset_index=True)); files that fail verification are quarantined."""
     report = RebuildReport()
-    keys = (store.files.key_from_path(p) for p in store.files.iter_chunk_paths())
-    for batch in _chunked(keys, _BATCH):
+    for batch in _chunked(store.payloads.keys(), _BATCH):
         results = store.map_workers(lambda k: check_file(store, k), batch)
         rows = []
         for key, check in zip(batch, results):
             report.scanned += 1
             if check.is_ok:
                 rows.append(_row_from(check.header, check.size_bytes, _mtime(store, key)))
-            elif key is not None and check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
+            elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.indexed += store.adopt(rows)
         if progress:
@@ -229,9 +222,7 @@ def gc(store: ChunkStore, purge_quarantine: bool = False) -> GcReport:
         done = evict_down_to(store, store.capacity_bytes)
         report.evicted_chunks, report.evicted_bytes = done.num_chunks, done.stored_bytes
     if purge_quarantine:
-        for entry in os.scandir(store.files.quarantine_dir):
-            Path(entry.path).unlink(missing_ok=True)
-            report.quarantine_purged += 1
+        report.quarantine_purged = store.purge_quarantine()
     store.flush()
     store.checkpoint()
     return report

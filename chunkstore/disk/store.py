@@ -16,24 +16,23 @@ and its offline care (stats, verify, gc, evict; maintenance.py) never load it, s
 commands start in a fraction of a second.
 Files in the data folder are 0600 and folders 0700 (see files.py); a writer makes an existing
 store's top-level files and folders private on every open, and walks the chunk tree once, which
-``store.json`` records.
+``store.json`` records (store_folder.py).
+Two seams stand for another backend: the index is reached through its URL (``index_url``: a SQLite
+file in the store's folder by default) and the payloads through a PayloadStore (``payloads``: the
+folder tree of files.py by default); nothing above the store knows which is in use. The parts:
+store_folder.py (store.json, the lock, ``store_root``), page_io.py (pages to payloads and back,
+verified), eviction.py (the plans), results.py (what the methods return).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
-import hashlib
-import json
 import logging
-import mmap
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -41,17 +40,23 @@ import numpy as np
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from chunkstore.disk.chunkfile import ChunkHeader, decode_chunk, encode_header, make_header
-from chunkstore.disk.codec import Codec, CorruptChunkError, encode
-from chunkstore.disk.files import (PRIVATE_FILE_MODE, ChunkFiles, Durability, ReadBuffers, make_private,
-                              make_private_dir, write_private_file)
+from chunkstore.disk.codec import Codec
 from chunkstore.disk.eviction import EvictionPlan, EvictionSelection
 from chunkstore.disk.eviction import plan as plan_of
 from chunkstore.disk.file_check import FileCheck, FileStatus
-from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
-from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, NamespaceUsage, Victim, db_files
+from chunkstore.disk.files import ChunkFiles, Durability, make_private_dir
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.index import (ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, NamespaceUsage, Victim, drop_index,
+                                   sqlite_url)
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
-from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures, WriteHealth
+from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
+from chunkstore.disk.payloads import PayloadStore, Staged
+from chunkstore.disk.results import (STORE_WIDE, EvictResult, NamespaceStats, PutResult, ReadOnlyStoreError, StoreStats,
+                                     store_stats)
+from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
+                                          check_identity, make_private_once, read_identity, store_root,
+                                          warn_if_not_private)
+from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures
 
 if TYPE_CHECKING:
     import torch
@@ -60,13 +65,12 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
-STORE_FILENAME = "store.json"
-MODELS_DIRNAME = "models"  # in a data folder: the stores of models other than the first (store_root)
-LOCK_FILENAME = "LOCK"
-STORE_FORMAT = 1
-# In store.json once every file and folder of the chunk tree has been made private (a store
-# written before files were private gets one full walk, on its first writable open).
-PRIVATE_MARKER = "private_files"
+# Owned by the modules named; importable from here as before.
+__all__ = [
+    "ChunkStore", "MUTATING_METHODS", "READING_METHODS", "default_num_workers",
+    "MODELS_DIRNAME", "PRIVATE_MARKER", "STORE_FILENAME", "StoreBusyError", "read_identity", "store_root",
+    "STORE_WIDE", "EvictResult", "NamespaceStats", "PutResult", "ReadOnlyStoreError", "StoreStats",
+]
 _DROP_BATCH = 256  # rows deleted per index transaction
 
 # The public methods of ChunkStore, each in one of two lists (tests/test_store_read_only.py checks
@@ -75,37 +79,14 @@ _DROP_BATCH = 256  # rows deleted per index transaction
 # write only the access times and counters that a read-only store keeps in memory (flush, close).
 MUTATING_METHODS = (
     "put", "evict", "delete", "delete_namespace", "pin", "unpin", "set_quota",
-    "adopt", "quarantine", "drop_missing", "remove_leftover_temps", "checkpoint", "write_side_tables",
+    "adopt", "quarantine", "drop_missing", "remove_leftover_temps", "purge_quarantine", "checkpoint",
+    "write_side_tables",
 )
 READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
     "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers",
 )
-
-
-@functools.cache
-def torch_dtypes() -> dict[str, "torch.dtype"]:
-    """KV dtype name -> torch dtype, for the dtypes this torch has (imports torch on first use)."""
-    import torch
-
-    names = ("bfloat16", "float16", "float32", "uint8", "float8_e4m3fn", "float8_e5m2")
-    return {name: getattr(torch, name) for name in names if hasattr(torch, name)}
-
-
-def __getattr__(name: str):
-    # ``TORCH_DTYPES`` stays importable (PEP 562) without importing torch with this module.
-    if name == "TORCH_DTYPES":
-        return torch_dtypes()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class StoreBusyError(RuntimeError):
-    """Another process holds the store's writer lock."""
-
-
-class ReadOnlyStoreError(PermissionError):
-    """A mutation asked of a store opened read-only."""
 
 
 def _mutation(method):
@@ -121,111 +102,9 @@ def _mutation(method):
     return guarded
 
 
-@dataclass(slots=True)
-class PutResult:
-    stored: list[bytes] = field(default_factory=list)
-    deduplicated: list[bytes] = field(default_factory=list)
-    failed: dict[bytes, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-
-@dataclass(frozen=True, slots=True)
-class EvictResult:
-    num_chunks: int
-    stored_bytes: int
-    keys: tuple[bytes, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceStats:
-    namespace: str
-    num_chunks: int
-    raw_bytes: int
-    stored_bytes: int
-    quota_bytes: int | None
-    hits: int
-    misses: int
-    dedup_hits: int
-    evictions: int
-    quarantined: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStats:
-    num_chunks: int
-    raw_bytes: int
-    stored_bytes: int
-    capacity_bytes: int | None
-    compression_ratio: float
-    hits: int
-    misses: int
-    dedup_hits: int
-    evictions: int
-    quarantined: int
-    write_errors: int  # failed page writes, kept in the index (across restarts)
-    namespaces: tuple[NamespaceStats, ...]
-    write_health: WriteHealth = WriteHealth()  # this process's view: failures since the store opened
-
-
-STORE_WIDE = ""  # counter namespace for events that belong to no known namespace
-_COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors")
-
-
-def page_tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """The bytes of a page as a 1-D uint8 numpy array (a view when ``t`` is a contiguous CPU tensor)."""
-    import torch
-
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    return t.contiguous().view(torch.uint8).reshape(-1).numpy()
-
-
 def default_num_workers() -> int:
     """Threads that compress and write: two per core, as writes block in fsync."""
     return max(4, 2 * (os.cpu_count() or 2))
-
-
-def default_io_threads() -> int:
-    """Threads that read chunk files: enough reads in flight to keep a disk's queue full."""
-    return 8
-
-
-def _read_store_doc(root: Path) -> dict | None:
-    path = Path(root) / STORE_FILENAME
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
-
-
-def _write_store_doc(root: Path, doc: dict) -> None:
-    write_private_file(Path(root) / STORE_FILENAME, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
-
-
-def read_identity(root: Path) -> ModelIdentity | None:
-    doc = _read_store_doc(root)
-    if doc is None:
-        return None
-    return ModelIdentity.from_json(json.dumps(doc["identity"]))
-
-
-def store_root(data_dir: Path, identity: ModelIdentity) -> Path:
-    """Where the store of ``identity`` lives in the data folder ``data_dir``, so that one data folder
-    serves any model: the folder itself when it is new or holds this model's store (the first
-    model takes it, as a store opened there directly does), else ``models/<model>-<digest>/`` below
-    it, one store per further identity (each with its own lock, index and capacity: servers of two
-    models may share a data folder at once). The digest covers the whole identity, so two
-    identities never share a folder."""
-    data_dir = Path(data_dir)
-    stored = read_identity(data_dir)
-    if stored is None or stored == identity:
-        return data_dir
-    name = re.sub(r"(?:[^A-Za-z0-9._-]|\.\.)+", "-", identity.model_id).strip("-.")[:48] or "model"
-    digest = hashlib.blake2b(identity.to_json().encode(), digest_size=6).hexdigest()
-    return data_dir / MODELS_DIRNAME / f"{name}-{digest}"
 
 
 class ChunkStore:
@@ -237,12 +116,17 @@ class ChunkStore:
     StoreBusyError when another process is writing it. ``direct_reads`` reads chunk files around
     the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
     and write (default 2 per core, at least 4), ``io_threads`` read (default 8), ``decode_threads``
-    decode loaded pages (default 1 per core). ``reset_index`` deletes the SQLite index
-    (not the chunk files) before opening, for `chunkstore rebuild`. Failed writes are logged at
-    most once per ``failure_log_interval_s`` after the first (a summary line counts the rest).
-    ``index_factory`` opens the index (``ChunkIndex``'s signature): the seam tests use to make
-    index commits fail. The index is the store's own: callers use the store's methods, which keep
-    its rules (file, then row; row, then file; the read-only guard).
+    decode loaded pages (default 1 per core). ``reset_index`` deletes the index (not the
+    payloads) before opening, for `chunkstore rebuild`. Failed writes are logged at most once per
+    ``failure_log_interval_s`` after the first (a summary line counts the rest).
+
+    The seams: ``index_url`` names the index (default: ``index.db`` in ``path``; only SQLite so
+    far), ``index_factory`` opens it (``ChunkIndex``'s signature: tests pass one whose commits
+    fail); ``payloads`` holds the chunk files (default: the folder tree under ``path``, made with
+    ``durability`` and ``direct_reads``, which a PayloadStore passed in brings its own of). The
+    index is the store's own: callers use the store's methods, which keep its rules (file, then
+    row; row, then file; the read-only guard). ``payloads`` is public for reading (listing,
+    existence); every change to it goes through the store's methods too.
     """
 
     def __init__(
@@ -262,7 +146,9 @@ class ChunkStore:
         read_only: bool = False,
         reset_index: bool = False,
         failure_log_interval_s: float = LOG_INTERVAL_S,
+        index_url: str | None = None,
         index_factory: Callable[..., ChunkIndex] = ChunkIndex,
+        payloads: PayloadStore | None = None,
     ):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
@@ -272,8 +158,7 @@ class ChunkStore:
         self.codec = codec or Codec.default_for(identity.itemsize)
         self.zstd_level = zstd_level
         self.read_only = read_only
-        self._max_file_bytes = identity.page_size_bytes + 8 * identity.page_size + (64 << 10)
-        self._lock_fd: int | None = None
+        self._writer_lock: WriterLock | None = None
         self._closed = False
         self._writes = WriteFailures(self.root, failure_log_interval_s)
         if read_only:
@@ -281,36 +166,30 @@ class ChunkStore:
                 raise FileNotFoundError(f"no chunk store at {self.root}")
         else:
             make_private_dir(self.root)
-            self._take_writer_lock()
+            self._writer_lock = WriterLock(self.root)
         try:
-            self._check_identity(allow_other_models)
-            self.files = ChunkFiles(self.root, durability, direct_reads)
+            check_identity(self.root, identity, read_only=read_only, allow_other_models=allow_other_models)
+            self.payloads = ChunkFiles(self.root, durability, direct_reads) if payloads is None else payloads
+            url = index_url or sqlite_url(self.root)
             if not read_only:
-                self.files.create_dirs()
-                self.files.remove_temps()
-                if reset_index:  # the files stay; `maintenance.rebuild` re-indexes them
-                    for f in db_files(self.root):
-                        f.unlink(missing_ok=True)
-            # A writer that finds chunk files but no index must not start an empty one (that
-            # would hide every chunk): it asks for `chunkstore rebuild` instead.
-            self._index = index_factory(self.root, read_only=read_only,
-                                        must_exist=not reset_index and self.files.has_chunks())
+                self.payloads.create()
+                self.payloads.remove_leftovers()
+                if reset_index:  # the payloads stay; `maintenance.rebuild` re-indexes them
+                    drop_index(url)
+            # A writer that finds payloads but no index must not start an empty one (that would
+            # hide every chunk): it asks for `chunkstore rebuild` instead.
+            self._index = index_factory(url, read_only=read_only,
+                                        must_exist=not reset_index and self.payloads.has_any())
             if read_only:
-                self._warn_if_not_private()
+                warn_if_not_private(self.root)
             else:
-                self._make_tree_private_once()
+                make_private_once(self.root, self.payloads)
         except BaseException:
             self._release_writer_lock()
             raise
         self.num_workers = num_workers or default_num_workers()
-        self.io_threads = io_threads or default_io_threads()
-        self._io_pool = ThreadPoolExecutor(max_workers=self.io_threads, thread_name_prefix="chunkstore-read")
-        # Reads may run this far ahead of decoding; each buffer holds one chunk file.
-        self._read_buffers = ReadBuffers(4 * self.io_threads, self._max_file_bytes)
-        # Decoding is pure CPU: one thread per core (more only contend; measured 1.4-1.7 GB/s cold
-        # loads with 2 decode threads here against 0.9-1.2 with 4).
-        self.decode_threads = decode_threads or (os.cpu_count() or 2)
-        self._decode_pool = ThreadPoolExecutor(max_workers=self.decode_threads, thread_name_prefix="chunkstore-decode")
+        self._loader = PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads)
+        self.io_threads, self.decode_threads = self._loader.io_threads, self._loader.decode_threads
         self._pool = ThreadPoolExecutor(max_workers=self.num_workers,
                                         thread_name_prefix="chunkstore-write")
 
@@ -327,64 +206,16 @@ class ChunkStore:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def _take_writer_lock(self) -> None:
-        fd = os.open(self.root / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreBusyError(f"another process is writing the store at {self.root}") from None
-        self._lock_fd = fd
-
     def _release_writer_lock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def _make_tree_private_once(self) -> None:
-        """Top-level files are made private on every writable open (a few chmods); the chunk tree
-        is walked only while store.json lacks the marker: files created since are private from
-        the start, so one walk per store suffices and a large store still opens in milliseconds."""
-        for name in (STORE_FILENAME, LOCK_FILENAME):
-            make_private(self.root / name, PRIVATE_FILE_MODE)
-        doc = _read_store_doc(self.root)
-        if doc is None or doc.get(PRIVATE_MARKER):
-            return
-        t0 = time.monotonic()
-        changed = self.files.make_tree_private()
-        if changed:
-            log.info("made %d files and folders of %s private (once) in %.1f s", changed, self.root,
-                     time.monotonic() - t0)
-        _write_store_doc(self.root, {**doc, PRIVATE_MARKER: True})
-
-    def _warn_if_not_private(self) -> None:
-        """A read-only opener may not chmod (the files may not be its own): it only says so."""
-        mode = self.root.stat().st_mode & 0o777
-        if mode & 0o077:
-            log.warning("the data folder %s is open to other users (mode %o); opening the store for writing "
-                        "makes it and its files private", self.root, mode)
-
-    def _check_identity(self, allow_other_models: bool) -> None:
-        stored = read_identity(self.root)
-        if stored is None:
-            if self.read_only:
-                raise FileNotFoundError(f"no chunk store at {self.root}")
-            _write_store_doc(self.root, {"format": STORE_FORMAT, "identity": json.loads(self.identity.to_json())})
-        elif stored != self.identity and not allow_other_models:
-            raise ModelMismatchError(
-                f"the store at {self.root} holds KV of {stored}, not {self.identity}; "
-                "open ChunkStore(store_root(DIR, identity), ...) (chunkstore.disk.store.store_root: the "
-                "folder of this model's own store in the data folder DIR, as `chunkstore serve` does), "
-                "or pass another folder; allow_other_models=True shares this store (keys keep the "
-                "models apart)"
-            )
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+            self._writer_lock = None
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._io_pool.shutdown(wait=True)
-        self._decode_pool.shutdown(wait=True)
+        self._loader.close()
         self._pool.shutdown(wait=True)
         try:
             self._index.close()  # writes the buffered counters, then disposes of the connections
@@ -411,14 +242,9 @@ class ChunkStore:
         if page_key(page.parent_key, encode_tokens(page.token_ids)) != page.key:
             raise ValueError(f"key {page.key.hex()} is not the hash of its parent key and tokens")
 
-    def _encode_and_write(self, page: PageRef, tensor: torch.Tensor) -> tuple[Path, int]:
-        raw = page_tensor_bytes(tensor)
-        payload = encode(raw, self.identity.itemsize, self.codec, self.zstd_level)
-        header = make_header(page.key, page.parent_key, page.namespace, page.token_ids,
-                             self.identity.kv_dtype, self.identity.page_shape, self.codec, raw, payload)
-        head = encode_header(header)
-        tmp = self.files.write_temp(page.key, (head, *payload.segments))
-        return tmp, len(head) + payload.stored_size_bytes
+    def _encode_and_stage(self, page: PageRef, tensor: torch.Tensor) -> tuple[Staged, int]:
+        segments, size = encode_page(page, tensor, self.identity, self.codec, self.zstd_level)
+        return self.payloads.stage(page.key, segments), size
 
     @_mutation
     def put(self, pages: Sequence[PageRef], tensors: Sequence[torch.Tensor]) -> PutResult:
@@ -441,8 +267,8 @@ class ChunkStore:
                 self._index.count_event(p.namespace, "dedup_hits")
             else:
                 todo[p.key] = (p, t)
-        futures = {k: self._pool.submit(self._encode_and_write, p, t) for k, (p, t) in todo.items()}
-        written: dict[bytes, tuple[Path, int]] = {}
+        futures = {k: self._pool.submit(self._encode_and_stage, p, t) for k, (p, t) in todo.items()}
+        written: dict[bytes, tuple[Staged, int]] = {}
         try:
             for key, fut in futures.items():
                 try:
@@ -451,21 +277,21 @@ class ChunkStore:
                     result.failed[key] = f"write failed: {exc}"
                     self._index.count_event(todo[key][0].namespace, "write_errors")
                     self._writes.failed("chunk file", exc)
-        except BaseException:  # an unexpected error: leave no temp file of this batch behind
+        except BaseException:  # an unexpected error: leave nothing of this batch staged
             for fut in futures.values():
                 if not fut.cancel() and fut.exception() is None:
-                    self.files.discard_temp(fut.result()[0])
+                    self.payloads.discard(fut.result()[0])
             raise
         if written:
             self._publish(todo, written, result)
         return result
 
     def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
-                 written: dict[bytes, tuple[Path, int]], result: PutResult) -> None:
+                 written: dict[bytes, tuple[Staged, int]], result: PutResult) -> None:
         with self._index.write_lock:
             again = self._index.present(list(written))
             for key in again:  # another thread stored it meanwhile
-                self.files.discard_temp(written.pop(key)[0])
+                self.payloads.discard(written.pop(key)[0])
                 result.deduplicated.append(key)
                 self._index.count_event(todo[key][0].namespace, "dedup_hits")
             step, admitted = "index commit", list(written)
@@ -479,15 +305,15 @@ class ChunkStore:
                                  stored_bytes=written[k][1], created_at=now, last_access_at=now)
                          for k in admitted]
                 step = "publish"
-                self.files.publish([(written[k][0], k) for k in admitted], self._pool)
+                self.payloads.publish([written[k][0] for k in admitted], self._pool)
                 step = "index commit"
                 self._index.insert(rows)  # file first, then row
             except (OSError, DBAPIError) as exc:
                 # Nothing of this batch may stay visible: no row was committed, so the files
                 # published (all new keys, checked under this lock) are removed again.
                 for k in admitted:
-                    self.files.discard_temp(written[k][0])
-                    self.files.remove(k)
+                    self.payloads.discard(written[k][0])
+                    self.payloads.delete(k)
                     result.failed[k] = f"publish failed: {exc}"
                     self._index.count_event(todo[k][0].namespace, "write_errors")
                 self._writes.failed(step, exc, num_pages=len(admitted))
@@ -515,10 +341,10 @@ class ChunkStore:
             for ns in by_ns:
                 rejected.setdefault(ns, f"capacity of {self.capacity_bytes} bytes")
         admitted: list[bytes] = []
-        for k, (tmp, _) in written.items():
+        for k, (staged, _) in written.items():
             ns = todo[k][0].namespace
             if ns in rejected:
-                self.files.discard_temp(tmp)
+                self.payloads.discard(staged)
                 result.failed[k] = f"no room within the {rejected[ns]} (the rest is pinned or in use)"
             else:
                 admitted.append(k)
@@ -569,7 +395,7 @@ class ChunkStore:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
         present = self._index.present([p.key for p in pages])
-        checks = self._load_many([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
+        checks = self._loader.load([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
         hits: list[bool] = []
         missing: list[PageRef] = []
         corrupt: list[tuple[PageRef, str]] = []
@@ -593,102 +419,11 @@ class ChunkStore:
             self._quarantine(p.key, p.namespace, why, p)
         return hits
 
-    def _load_many(self, jobs: list[tuple[int, PageRef, torch.Tensor]]) -> dict[int, FileCheck]:
-        """Read files on the I/O threads and decode each as soon as its read lands, so the disk
-        stays busy while the cores decode; returns what each job's file check found, per job index."""
-        reads = {self._io_pool.submit(self._read_page, p): (i, p, out) for i, p, out in jobs}
-        statuses: dict[int, FileCheck] = {}
-        decodes = {}
-        handed_over: set = set()
-        try:
-            for fut in as_completed(reads):
-                i, page, out = reads[fut]
-                buf, view, failed = fut.result()
-                handed_over.add(fut)
-                if view is None:
-                    statuses[i] = failed
-                else:
-                    decodes[i] = self._decode_pool.submit(self._decode_page, page, out, buf, view)
-        except BaseException:
-            # Give back the buffers of reads that never reached a decoder: a leaked buffer would
-            # leave later loads waiting for it forever.
-            for fut in reads:
-                if fut not in handed_over and not fut.cancel() and fut.exception() is None:
-                    buf, view, _ = fut.result()
-                    if view is not None:
-                        view.release()
-                        self._read_buffers.release(buf)
-            raise
-        for i, fut in decodes.items():
-            statuses[i] = fut.result()
-        return statuses
-
-    def _read_page(self, page: PageRef) -> tuple[mmap.mmap | None, memoryview | None, FileCheck | None]:
-        """(buffer, view, None) once read, or (None, None, what failed)."""
-        buf = self._read_buffers.acquire()
-        try:
-            return buf, self.files.read(page.key, self._max_file_bytes, buffer=buf), None
-        except FileNotFoundError:
-            failed = FileCheck.missing()
-        except OSError as exc:
-            failed = FileCheck.unreadable(exc)
-        except BaseException:
-            self._read_buffers.release(buf)
-            raise
-        self._read_buffers.release(buf)
-        return None, None, failed
-
-    def _decode_page(self, page: PageRef, out: torch.Tensor, buf: mmap.mmap, view: memoryview) -> FileCheck:
-        try:
-            if out.device.type == "cpu" and out.is_contiguous():
-                return self._verify_view(page.key, view, page, page_tensor_bytes(out))
-            import torch
-
-            tmp = torch.empty(self.identity.page_shape, dtype=self.torch_dtype)
-            check = self._verify_view(page.key, view, page, page_tensor_bytes(tmp))
-            if check.is_ok:
-                out.copy_(tmp)
-            return check
-        finally:
-            view.release()
-            self._read_buffers.release(buf)
-
     def verify_file(self, key: bytes, page: PageRef | None = None, out: np.ndarray | None = None,
                     row: ChunkRow | None = None) -> FileCheck:
         """Fully verify the file of ``key`` (and, given ``page`` or ``row``, that it holds what they
         say), decoding into ``out`` (a scratch buffer when None). Never raises for a bad file."""
-        try:
-            data = self.files.read(key, self._max_file_bytes)
-        except FileNotFoundError:
-            return FileCheck.missing()
-        except OSError as exc:
-            return FileCheck.unreadable(exc)
-        return self._verify_view(key, data, page, out, row)
-
-    def _verify_view(self, key: bytes, data: memoryview, page: PageRef | None = None,
-                     out: np.ndarray | None = None, row: ChunkRow | None = None) -> FileCheck:
-        try:
-            header, _ = decode_chunk(data, out, self.identity.kv_dtype, self.identity.page_shape)
-            if header.key != key:
-                raise CorruptChunkError("file holds another key")
-            if page is not None:
-                self._check_identity_of(header, page)
-            if row is not None and (header.parent_key, header.namespace) != (row.parent_key, row.namespace):
-                raise CorruptChunkError("parent key or namespace differs from the index row")
-        except CorruptChunkError as exc:
-            return FileCheck.corrupt(str(exc), len(data))
-        return FileCheck.ok(header, len(data))
-
-    @staticmethod
-    def _check_identity_of(header: ChunkHeader, page: PageRef) -> None:
-        if header.key != page.key:
-            raise CorruptChunkError("file holds another key")
-        if header.parent_key != page.parent_key:
-            raise CorruptChunkError("parent key differs from the one asked for")
-        if header.token_ids != tuple(page.token_ids):
-            raise CorruptChunkError("token ids differ from the ones asked for")
-        if header.namespace != page.namespace:
-            raise CorruptChunkError("namespace differs from the one asked for")
+        return self._loader.verify(key, page, out, row)
 
     def _quarantine(self, key: bytes, namespace: str, why: str, page: PageRef | None = None,
                     row: ChunkRow | None = None) -> bool:
@@ -704,7 +439,7 @@ class ChunkStore:
             if self.verify_file(key, page, row=row).is_ok:
                 return False
             self._index.delete([key])
-            moved = self.files.quarantine(key)
+            moved = self.payloads.quarantine(key)
         if moved is None:
             return False
         self._index.count_event(namespace, "quarantined")
@@ -715,7 +450,7 @@ class ChunkStore:
         """Drop the rows of keys whose file is gone, checked again under the writer lock (the
         chunk may have been stored again since the read found no file)."""
         with self._index.write_lock:
-            gone = [k for k in keys if not self.files.path_for(k).exists()]
+            gone = [k for k in keys if not self.payloads.exists(k)]
             return self._index.delete(gone) if gone else 0
 
     # -- offline care (maintenance.py) -----------------------------------------------------
@@ -745,7 +480,12 @@ class ChunkStore:
         """Remove the temp files of dead writers (this process's own may be puts in flight), under
         the writer lock; returns how many."""
         with self._index.write_lock:
-            return self.files.remove_temps(keep_own=True)
+            return self.payloads.remove_leftovers(keep_own=True)
+
+    @_mutation
+    def purge_quarantine(self) -> int:
+        """Delete every quarantined payload (kept for a post-mortem until now); returns how many."""
+        return self.payloads.purge_quarantine()
 
     @_mutation
     def checkpoint(self) -> None:
@@ -882,7 +622,7 @@ class ChunkStore:
             return
         self._index.delete([v.key for v in victims])  # row first, then the file
         for v in victims:
-            self.files.remove(v.key)
+            self.payloads.delete(v.key)
             self._index.count_event(v.namespace, "evictions")
 
     @_mutation
@@ -925,26 +665,5 @@ class ChunkStore:
     # -- stats -----------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
-        counts = self._index.counter_values()
-        per_ns = []
-        usage = {u.namespace: u for u in self._index.usage()}
-        names = (set(usage) | {ns for ns, _ in counts}) - {STORE_WIDE}
-        for ns in sorted(names):
-            u = usage.get(ns)
-            c = {name: counts.get((ns, name), 0) for name in _COUNTER_NAMES}
-            per_ns.append(NamespaceStats(
-                namespace=ns, num_chunks=u.num_chunks if u else 0, raw_bytes=u.raw_bytes if u else 0,
-                stored_bytes=u.stored_bytes if u else 0, quota_bytes=u.quota_bytes if u else None,
-                hits=c["hits"], misses=c["misses"], dedup_hits=c["dedup_hits"], evictions=c["evictions"],
-                quarantined=c["quarantined"],
-            ))
-        total = {name: sum(v for (_, n), v in counts.items() if n == name) for name in _COUNTER_NAMES}
-        raw = sum(n.raw_bytes for n in per_ns)
-        stored = sum(n.stored_bytes for n in per_ns)
-        return StoreStats(
-            num_chunks=sum(n.num_chunks for n in per_ns), raw_bytes=raw, stored_bytes=stored,
-            capacity_bytes=self.capacity_bytes, compression_ratio=raw / stored if stored else 1.0,
-            hits=total["hits"], misses=total["misses"], dedup_hits=total["dedup_hits"],
-            evictions=total["evictions"], quarantined=total["quarantined"],
-            write_errors=total["write_errors"], namespaces=tuple(per_ns), write_health=self._writes.health(),
-        )
+        return store_stats(self._index.counter_values(), self._index.usage(), self.capacity_bytes,
+                           self._writes.health())

@@ -143,7 +143,9 @@ def run_writer(disk_path: str | os.PathLike, seed: int, *, capacity_bytes: int =
                         return 3
                 line["hits"] = sum(t is not None for t in got)
             elif step.op is StepOp.EVICT:
-                from chunkstore.disk.maintenance import evict_bytes  # one-way cycle, as in the checks below
+                from chunkstore.disk.maintenance import (
+                    evict_bytes,  # one-way cycle, as in the checks below
+                )
 
                 line["evicted"] = evict_bytes(store, step.evict_bytes).num_chunks
             else:
@@ -368,12 +370,14 @@ def check_store(store: ChunkStore, report: CrashReport | None = None,
     missing and quarantines corrupt files, as any reader would); ``must_survive`` pages must load.
     Adds to the counters of ``report`` when given.
     """
-    from chunkstore.disk.maintenance import verify  # maintenance imports the store; keep the cycle one-way
+    from chunkstore.disk.maintenance import (
+        verify,  # maintenance imports the store; keep the cycle one-way
+    )
 
     report = report if report is not None else CrashReport()
     pages, expected = _universe()
     problems: list[str] = []
-    if (n := store.files.count_temps()) != 0:
+    if (n := len(store.payloads.leftovers())) != 0:
         problems.append(f"{n} temp files left in tmp/ after open")
     keys = [p.key for p in pages]
     quarantined_before = store.stats().quarantined

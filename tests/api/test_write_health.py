@@ -23,7 +23,7 @@ def _metric(body: str, name: str) -> float:
 
 def test_failed_writes_show_in_stats_metrics_and_events_and_readyz_stays_ready(live_cache):
     store = live_cache.store
-    real_write, store.files.os_write = store.files.os_write, _no_space
+    real_write, store.payloads.os_write = store.payloads.os_write, _no_space
     warm(live_cache)
     assert live_cache.flush().failed_pages > 0
     with live_server(create_app(CacheBackend(live_cache), settings())) as url, client(url) as c:
@@ -41,7 +41,7 @@ def test_failed_writes_show_in_stats_metrics_and_events_and_readyz_stays_ready(l
         assert json.loads(data.removeprefix("data: "))["disk"]["write_health"]["degraded"]
         assert c.get("/readyz").status_code == 200
 
-        store.files.os_write = real_write  # space is back
+        store.payloads.os_write = real_write  # space is back
         assert live_cache.flush().failed_pages == 0
         health = c.get("/stats").json()["disk"]["write_health"]
         assert not health["degraded"] and health["last_ok_at"] >= health["last_error_at"]

@@ -130,14 +130,14 @@ def test_a_failed_write_before_a_host_eviction_keeps_the_host_copy(tmp_path):
         settle(cache)
         cache.admin.evict("device", 2)  # now on the host only, not on disk (write-back)
         assert tree_pages(cache, "host") == 2 and cache.store.exists(keys_of(tokens)) == [False, False]
-        real, cache.store.files.os_write = cache.store.files.os_write, _no_space  # the store's write seam
+        real, cache.store.payloads.os_write = cache.store.payloads.os_write, _no_space  # the store's write seam
         try:
             assert cache.admin.evict("host", 2) == 0  # the write failed: the only copy stays
             paths = cache.stats().paths["host_to_disk"]
             assert paths.failed_pages == 2 and paths.num_ops == 1
             assert tree_pages(cache, "host") == 2 and cache.controller.num_pending == 0
         finally:
-            cache.store.files.os_write = real
+            cache.store.payloads.os_write = real
         assert cache.admin.evict("host", 2) == 2  # the disk is back: written down, then evicted
         assert cache.store.exists(keys_of(tokens)) == [True, True]
         assert cache.peek(tokens) == (0, 0, len(tokens))
@@ -148,13 +148,13 @@ def test_a_persist_in_flight_keeps_its_host_copy_from_eviction(tmp_path):
     with open_cache(make_config(tmp_path)) as cache:
         tokens = toks(1, 2)
         gate = threading.Event()
-        real = cache.store.files.os_write
+        real = cache.store.payloads.os_write
 
         def slow_write(fd, data):
             gate.wait(SETTLE_S)
             return real(fd, data)
 
-        cache.store.files.os_write = slow_write
+        cache.store.payloads.os_write = slow_write
         try:
             slots = compute(cache, keys_of(tokens))
             cache.insert(tokens, slots)  # write-through: backed up, then persisted (stalled)
@@ -165,7 +165,7 @@ def test_a_persist_in_flight_keeps_its_host_copy_from_eviction(tmp_path):
             assert tree_pages(cache, "host") == 2
         finally:
             gate.set()
-            cache.store.files.os_write = real
+            cache.store.payloads.os_write = real
         settle(cache)
         assert cache.store.exists(keys_of(tokens)) == [True, True]
         assert cache.admin.evict("host", 2) == 2

@@ -8,7 +8,7 @@ import torch
 
 from chunkstore import ModelIdentity
 from chunkstore.cache import KVLayout
-from chunkstore.disk.store import TORCH_DTYPES
+from chunkstore.disk.page_io import TORCH_DTYPES
 
 LLAMA_8B = KVLayout(num_layers=32, num_kv_heads=8, head_dim=128, dtype="bfloat16", page_size=64)
 

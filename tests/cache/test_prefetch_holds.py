@@ -16,8 +16,8 @@ import torch
 from chunkstore.cache.ops import PrefetchOp
 from chunkstore.cache.prefetch_holds import MAX_PENDING, NEXT_IN_LINE, PrefetchHolds
 from tests.cache.test_tiered import (
-    P, assert_consistent, bad_pages, keys_of, lookup, make_config, open_cache, persist_run, serve, settle,
-    stalled_disk_reads, toks,
+    P, assert_consistent, bad_pages, keys_of, lookup, make_config, open_cache, open_faulty_cache, persist_run, serve,
+    settle, stalled_disk_reads, toks,
 )
 
 A, B, C = toks(1, 2, 3, 4), toks(5, 6, 7, 8), toks(9, 10, 11, 12)
@@ -133,7 +133,7 @@ def test_clearing_the_host_tier_ends_the_holds(tmp_path):
 @pytest.mark.timeout(60)
 def test_a_prefetch_still_in_flight_when_its_request_starts_is_not_held(tmp_path):
     persist_run(tmp_path, [A])
-    with open_cache(make_config(tmp_path, prefetch_policy="best_effort")) as cache:
+    with open_faulty_cache(make_config(tmp_path, prefetch_policy="best_effort")) as cache:
         with stalled_disk_reads(cache):
             assert cache.prefetch(A) == 4
             hit = cache.match(A, wait_for_prefetch=False)  # starts before the pages land

@@ -23,7 +23,10 @@ import torch
 from chunkstore.cache import CacheConfig, KVLayout, PoolExhaustedError
 from chunkstore.cache.tiered import PrefixHit, TieredCache
 from chunkstore.cache.tiers import Tier
+from chunkstore.disk.files import ChunkFiles
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
+from chunkstore.disk.store import ChunkStore, store_root
+from chunkstore.testing.faults import FaultyPayloads
 from chunkstore.testing.tensors import bits
 from tests.helpers import TINY
 
@@ -169,17 +172,25 @@ def open_cache(config: CacheConfig, **kwargs):
 
 
 @contextmanager
-def stalled_disk_reads(cache: TieredCache):
-    """Occupy every read thread of the store: disk -> host loads queue until the block ends."""
-    store = cache.store
-    gate = threading.Event()
-    blockers = [store._io_pool.submit(gate.wait, SETTLE_S) for _ in range(store.io_threads)]
+def open_faulty_cache(config: CacheConfig, **kwargs):
+    """A cache whose store reaches its payloads through FaultyPayloads (the real folder tree, with
+    faults and stalls on cue: ``cache.store.payloads``)."""
+    root = store_root(config.disk_path, TINY)
+    store = ChunkStore(root, TINY, capacity_bytes=config.disk_capacity_bytes(KVLayout.from_identity(TINY)),
+                       payloads=FaultyPayloads(ChunkFiles(root)))
     try:
-        yield
+        with open_cache(config, store=store, **kwargs) as cache:
+            yield cache
     finally:
-        gate.set()
-        for b in blockers:
-            b.result()
+        store.close()
+
+
+@contextmanager
+def stalled_disk_reads(cache: TieredCache):
+    """Hold every payload read of the cache's store (one of ``open_faulty_cache``): disk -> host
+    loads wait until the block ends."""
+    with cache.store.payloads.held("read", timeout_s=SETTLE_S):
+        yield
 
 
 @contextmanager
@@ -307,13 +318,13 @@ def test_flush_writes_pages_that_find_host_room_only_once_earlier_pages_are_on_d
     gate = threading.Event()
     config = make_config(tmp_path, device_size="8pages", host_size="8pages", write_policy=policy)
     with open_cache(config) as cache:
-        real_write = cache.store.files.os_write
+        real_write = cache.store.payloads.os_write
 
         def gated_write(fd, data):  # the store's write seam: writes wait for the gate
             gate.wait(SETTLE_S)
             return real_write(fd, data)
 
-        cache.store.files.os_write = gated_write
+        cache.store.payloads.os_write = gated_write
         try:
             first, second, third = toks(1, 2, 3, 4), toks(5, 6, 7, 8), toks(9, 10, 11, 12)
             serve(cache, first)
@@ -333,7 +344,7 @@ def test_flush_writes_pages_that_find_host_room_only_once_earlier_pages_are_on_d
             flushing.join(SETTLE_S)
             result = outcome(out)
         finally:
-            cache.store.files.os_write = real_write
+            cache.store.payloads.os_write = real_write
         assert result.failed_pages == 0
         assert all(all(cache.store.exists(keys_of(t))) for t in (first, second, third))
 
@@ -438,7 +449,7 @@ def test_a_match_does_not_wait_for_a_stalled_prefetch(tmp_path, policy):
     tokens = toks(1, 2, 3, 4)
     persist_run(tmp_path, [tokens])
     config = make_config(tmp_path, prefetch_policy=policy, prefetch_timeout_s=0.05)
-    with open_cache(config) as cache:
+    with open_faulty_cache(config) as cache:
         with stalled_disk_reads(cache):
             assert cache.prefetch(tokens) == 4
             assert cache.stats().queue_depths["disk_to_host"] == 1
@@ -459,7 +470,7 @@ def test_a_match_does_not_wait_for_a_stalled_prefetch(tmp_path, policy):
 def test_wait_complete_waits_for_the_prefetch(tmp_path):
     tokens = toks(1, 2, 3, 4)
     persist_run(tmp_path, [tokens])
-    with open_cache(make_config(tmp_path, prefetch_policy="wait_complete")) as cache:
+    with open_faulty_cache(make_config(tmp_path, prefetch_policy="wait_complete")) as cache:
         with stalled_disk_reads(cache):
             cache.prefetch(tokens)
             t, out = in_thread(lambda: lookup(cache, tokens))
@@ -478,7 +489,7 @@ def test_the_caller_can_override_the_wait_for_a_prefetch(tmp_path, policy, wait,
     """An idle engine waits for a prefetch in flight whatever the policy; a busy one may not."""
     tokens = toks(1, 2, 3, 4)
     persist_run(tmp_path, [tokens])
-    with open_cache(make_config(tmp_path, prefetch_policy=policy)) as cache:
+    with open_faulty_cache(make_config(tmp_path, prefetch_policy=policy)) as cache:
         with stalled_disk_reads(cache):
             assert cache.prefetch(tokens) == 4
             t, out = in_thread(lambda: cache.match(tokens, wait_for_prefetch=wait))
@@ -699,7 +710,7 @@ def test_a_damaged_chunk_is_a_miss_never_wrong_bytes(tmp_path, how):
     persist_run(tmp_path, [tokens])
     config = make_config(tmp_path)
     with open_cache(config) as cache:
-        _damage(cache.store.files.path_for(keys_of(tokens)[3]), how)
+        _damage(cache.store.payloads.path_for(keys_of(tokens)[3]), how)
         hit = lookup(cache, tokens)
         assert (hit.num_tokens, hit.disk_tokens) == (12, 12)  # up to the damaged page only
         assert cache.store.exists(keys_of(tokens)) == [True, True, True, False, True, True]
@@ -720,7 +731,7 @@ def _unwritable(tmp_path, how: str) -> dict:
 
 
 def _lock_chunks_folder(cache: TieredCache, how: str) -> None:
-    chunks = cache.store.files.chunks_dir
+    chunks = cache.store.payloads.chunks_dir
     if how == "read_only":
         os.chmod(chunks, 0o555)
     elif how == "not_a_folder":  # every publish fails, whoever runs the test (root included)

@@ -1,0 +1,93 @@
+"""What the store's methods return: put and eviction results, and the store's statistics (made
+from the index's counters and per-namespace usage by ``store_stats``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from chunkstore.disk.index import NamespaceUsage
+from chunkstore.disk.write_health import WriteHealth
+
+STORE_WIDE = ""  # counter namespace for events that belong to no known namespace
+COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors")
+
+
+class ReadOnlyStoreError(PermissionError):
+    """A mutation asked of a store opened read-only."""
+
+
+@dataclass(slots=True)
+class PutResult:
+    stored: list[bytes] = field(default_factory=list)
+    deduplicated: list[bytes] = field(default_factory=list)
+    failed: dict[bytes, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    num_chunks: int
+    stored_bytes: int
+    keys: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceStats:
+    namespace: str
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    quota_bytes: int | None
+    hits: int
+    misses: int
+    dedup_hits: int
+    evictions: int
+    quarantined: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    num_chunks: int
+    raw_bytes: int
+    stored_bytes: int
+    capacity_bytes: int | None
+    compression_ratio: float
+    hits: int
+    misses: int
+    dedup_hits: int
+    evictions: int
+    quarantined: int
+    write_errors: int  # failed page writes, kept in the index (across restarts)
+    namespaces: tuple[NamespaceStats, ...]
+    write_health: WriteHealth = WriteHealth()  # this process's view: failures since the store opened
+
+
+def store_stats(counts: dict[tuple[str, str], int], usage: Iterable[NamespaceUsage], capacity_bytes: int | None,
+                write_health: WriteHealth) -> StoreStats:
+    """The statistics of a store from its counters ((namespace, name) -> value) and usage rows."""
+    per_ns = []
+    by_ns = {u.namespace: u for u in usage}
+    names = (set(by_ns) | {ns for ns, _ in counts}) - {STORE_WIDE}
+    for ns in sorted(names):
+        u = by_ns.get(ns)
+        c = {name: counts.get((ns, name), 0) for name in COUNTER_NAMES}
+        per_ns.append(NamespaceStats(
+            namespace=ns, num_chunks=u.num_chunks if u else 0, raw_bytes=u.raw_bytes if u else 0,
+            stored_bytes=u.stored_bytes if u else 0, quota_bytes=u.quota_bytes if u else None,
+            hits=c["hits"], misses=c["misses"], dedup_hits=c["dedup_hits"], evictions=c["evictions"],
+            quarantined=c["quarantined"],
+        ))
+    total = {name: sum(v for (_, n), v in counts.items() if n == name) for name in COUNTER_NAMES}
+    raw = sum(n.raw_bytes for n in per_ns)
+    stored = sum(n.stored_bytes for n in per_ns)
+    return StoreStats(
+        num_chunks=sum(n.num_chunks for n in per_ns), raw_bytes=raw, stored_bytes=stored,
+        capacity_bytes=capacity_bytes, compression_ratio=raw / stored if stored else 1.0,
+        hits=total["hits"], misses=total["misses"], dedup_hits=total["dedup_hits"],
+        evictions=total["evictions"], quarantined=total["quarantined"],
+        write_errors=total["write_errors"], namespaces=tuple(per_ns), write_health=write_health,
+    )
