@@ -29,7 +29,9 @@ RUN_KEYS = ("name", "description", "num_requests", "prompt_tokens", "cached_toke
             "hit_rate", "hit_rate_by_tier", "ideal_hit_rate", "hit_rate_vs_ideal", "ttft_avg_s", "ttft_p50_s",
             "ttft_p90_s", "ttft_p99_s", "latency_avg_s", "latency_p50_s", "latency_p90_s", "latency_p99_s",
             "duration_s", "throughput_rps", "input_tokens_per_s", "output_tokens_per_s", "tokens_per_s",
-            "prefill_s_per_token", "load_s_per_token", "bytes_by_tier", "paths", "evicted_pages", "cache_stats")
+            "prefill_s_per_token", "forward_s_per_token", "contention_factor", "ttft_floor_avg_s", "ttft_vs_floor",
+            "store_cpu_s", "store_cpu_s_per_page", "load_s_per_token", "bytes_by_tier", "paths", "evicted_pages",
+            "cache_stats")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -136,7 +138,17 @@ def test_a_tiny_run_reports_every_key(tmp_path, capsys):
     assert restart["hit_rate"] >= runs["device+host"]["hit_rate"] and restart["hit_rate_by_tier"]["disk"] > 0
     assert restart["cold_method"] in ("drop_caches", "fadvise_dontneed", "none")
     assert set(doc["targets"]) == {"disk_hit_rate_vs_ideal", "disk_throughput_vs_device_host",
-                                   "disk_ttft_avg_vs_device_host", "restart_hit_rate_vs_disk"}
+                                   "disk_ttft_avg_vs_device_host", "restart_hit_rate_vs_disk",
+                                   "disk_contention_factor", "disk_ttft_vs_floor"}
+    # The forward's figures: measured in every run, against the no-cache run's fit.
+    for name, r in runs.items():
+        assert r["forward_s_per_token"] > 0 and r["contention_factor"] > 0, name
+        assert (r["ttft_floor_avg_s"] or 0) > 0 and r["ttft_vs_floor"] > 0, name
+    assert runs["no-cache"]["contention_factor"] == pytest.approx(1.0, abs=0.35)  # its own fit
+    # The store's threads did the disk's work: writes in the first disk run, loads in the replay.
+    assert disk["store_cpu_s"]["write"] > 0 and restart["store_cpu_s"]["load"] > 0
+    assert disk["store_cpu_s_per_page"]["written"] > 0 and restart["store_cpu_s_per_page"]["loaded"] > 0
+    assert runs["device+host"]["store_cpu_s"] is None
     assert doc["workload"]["num_clients"] == CLIENTS and doc["budgets"]["page_size"] == PAGE
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out

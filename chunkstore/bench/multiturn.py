@@ -25,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from chunkstore.bench.common import files_under, make_cold
+from chunkstore.bench.contention import ForwardCost, store_cpu_s
 from chunkstore.bench.multiturn_report import format_table, summarize_run, targets, write_plot
 from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
 from chunkstore.cache.config import CacheConfig, PoolSize
@@ -219,7 +220,7 @@ def engine_sender(engine, workload: Workload, *, fresh_namespaces: bool) -> Send
         return Reply(text=r.text, output_ids=r.token_ids, prompt_tokens=r.prompt_tokens,
                      completion_tokens=r.completion_tokens, cached_tokens=r.cached_tokens,
                      tier_tokens={"device": r.device_tokens, "host": r.host_tokens, "disk": r.disk_tokens},
-                     ttft_s=r.ttft_s, latency_s=r.latency_s, prefill_s=r.prefill_s)
+                     ttft_s=r.ttft_s, latency_s=r.latency_s, prefill_s=r.prefill_s, forward_s=r.forward_s)
 
     return send
 
@@ -273,7 +274,7 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
     engine_config = EngineConfig(max_queue_size=max(64, w.max_parallel), max_running_requests=cfg.max_running)
     store = work / "store"
     bytes_per_token = layout.page_size_bytes / cfg.page_size
-    runs = []
+    measured = []
     for setup in cfg.setups:
         extra: dict = {"device_pages": budgets.device_pages,
                        "host_pages": budgets.host_pages if setup not in (Setup.NO_CACHE, Setup.DEVICE) else 0,
@@ -287,10 +288,16 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
                 result = drive(w, engine_sender(engine, w, fresh_namespaces=setup is Setup.NO_CACHE),
                                on_reply=lambda _: bar.update())
             stats = engine.stats()
+            cpu = store_cpu_s() if extra["uses_disk"] else None  # before close joins the store's threads
         finally:
             engine.close()  # flushes the disk tier: disk-restart starts from what was written
-        runs.append(summarize_run(setup.value, setup.description, result, stats, page_size=cfg.page_size,
-                                  bytes_per_token=bytes_per_token, extra=extra))
+        measured.append((setup, result, stats, extra, cpu))
+    # The forward alone, uncontended: fitted on the no-cache run, the baseline of every other one.
+    cost = next((ForwardCost.fit([rec.reply for rec in result.records])
+                 for setup, result, *_ in measured if setup is Setup.NO_CACHE), None)
+    runs = [summarize_run(setup.value, setup.description, result, stats, page_size=cfg.page_size,
+                          bytes_per_token=bytes_per_token, extra=extra, forward_cost=cost, store_cpu_s=cpu)
+            for setup, result, stats, extra, cpu in measured]
     memory = f"device {budgets.device_pages} + host {budgets.host_pages} pages = {budgets.memory_share:.2f} of " \
              f"the final histories ({budgets.history_pages} pages{', derived' if budgets.is_derived else ''})"
     disk = f"{cfg.disk_size_gb:g} GB" if cfg.disk_size_gb else "unbounded"

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkstore.bench.common import Target
+from chunkstore.bench.contention import ForwardCost, contention_factor, ttft_floor_avg_s
 from chunkstore.bench.workload import DriveResult, ideal_cached_tokens
 from chunkstore.cache.stats import HIT_TIERS, CacheStats
 
@@ -67,9 +68,17 @@ def load_s_per_token(stats: CacheStats, bytes_per_token: float) -> dict[str, flo
     return {"host": host, "disk": disk + (host or 0.0) if disk is not None else None}
 
 
+def _per_page(cpu_s: float | None, stats: CacheStats, path: str) -> float | None:
+    pages = stats.paths[path].num_pages
+    return cpu_s / pages if cpu_s is not None and pages else None
+
+
 def summarize_run(name: str, description: str, result: DriveResult, stats: CacheStats | None, *,
-                  page_size: int, bytes_per_token: float | None, extra: dict | None = None) -> dict:
-    """Every figure of one configuration's run, JSON-ready (NaN and None where not measurable)."""
+                  page_size: int, bytes_per_token: float | None, extra: dict | None = None,
+                  forward_cost: ForwardCost | None = None, store_cpu_s: dict[str, float | None] | None = None) -> dict:
+    """Every figure of one configuration's run, JSON-ready (NaN and None where not measurable).
+    ``forward_cost``: the forward's cost fitted on this invocation's no-cache run (contention.py);
+    ``store_cpu_s``: CPU seconds of the store's write and load threads over the run."""
     replies = [rec.reply for rec in result.records]
     prompt = sum(r.prompt_tokens for r in replies)
     cached = sum(r.cached_tokens for r in replies)
@@ -79,6 +88,8 @@ def summarize_run(name: str, description: str, result: DriveResult, stats: Cache
                for t in HIT_TIERS}
     cold = [r for r in replies if r.cached_tokens == 0 and r.prefill_s is not None]
     prefill_per_token = (sum(r.prefill_s for r in cold) / sum(r.prompt_tokens for r in cold)) if cold else None
+    timed = [r for r in replies if r.forward_s is not None and r.prompt_tokens > r.cached_tokens]
+    computed = sum(r.prompt_tokens - r.cached_tokens for r in timed)
     duration = result.duration_s
     hit_rate = cached / prompt if prompt else 0.0
     ideal = ideal_hit_rate(result, page_size)
@@ -101,6 +112,12 @@ def summarize_run(name: str, description: str, result: DriveResult, stats: Cache
         "output_tokens_per_s": completion / duration,
         "tokens_per_s": (prompt + completion) / duration,
         "prefill_s_per_token": prefill_per_token,
+        "forward_s_per_token": sum(r.forward_s for r in timed) / computed if computed else None,
+        "contention_factor": contention_factor(replies, forward_cost),
+        "ttft_floor_avg_s": None,
+        "ttft_vs_floor": None,
+        "store_cpu_s": store_cpu_s,
+        "store_cpu_s_per_page": None,
         "load_s_per_token": None,
         "bytes_by_tier": None,
         "paths": None,
@@ -114,6 +131,12 @@ def summarize_run(name: str, description: str, result: DriveResult, stats: Cache
                                "total_s": p.total_s, "gbps": p.gbps} for name, p in stats.paths.items()}
         run["evicted_pages"] = dict(stats.evicted_pages)
         run["cache_stats"] = stats.as_dict()
+        floor = ttft_floor_avg_s(replies, forward_cost, run["load_s_per_token"])
+        run["ttft_floor_avg_s"] = floor
+        run["ttft_vs_floor"] = run["ttft_avg_s"] / floor if floor else None
+        if store_cpu_s is not None:
+            run["store_cpu_s_per_page"] = {"written": _per_page(store_cpu_s["write"], stats, "host_to_disk"),
+                                           "loaded": _per_page(store_cpu_s["load"], stats, "disk_to_host")}
     run.update(extra or {})
     return run
 
@@ -131,6 +154,10 @@ def targets(runs: list[dict]) -> list[Target]:
         out.append(Target("disk_throughput_vs_device_host", disk["throughput_rps"] / memory["throughput_rps"],
                           ">=", 1.6))
         out.append(Target("disk_ttft_avg_vs_device_host", disk["ttft_avg_s"] / memory["ttft_avg_s"], "<=", 0.57))
+    if disk is not None and disk.get("contention_factor") is not None:
+        out.append(Target("disk_contention_factor", disk["contention_factor"], "<=", 1.15))
+    if disk is not None and disk.get("ttft_vs_floor") is not None:
+        out.append(Target("disk_ttft_vs_floor", disk["ttft_vs_floor"], "<=", 1.2))
     if disk is not None and restart is not None and disk["hit_rate"]:
         out.append(Target("restart_hit_rate_vs_disk", restart["hit_rate"] / disk["hit_rate"], ">=", 0.9))
     return out
@@ -141,6 +168,8 @@ _TARGET_LABELS = {
     "disk_throughput_vs_device_host": "device+host+disk throughput / device+host",
     "disk_ttft_avg_vs_device_host": "device+host+disk avg TTFT / device+host",
     "restart_hit_rate_vs_disk": "disk-restart hit rate / device+host+disk",
+    "disk_contention_factor": "device+host+disk forward / uncontended",
+    "disk_ttft_vs_floor": "device+host+disk avg TTFT / its floor",
 }
 
 
@@ -181,6 +210,12 @@ def format_table(result: dict) -> str:
         ("prefill ms/token (cold requests)", [_fmt(_scaled(r["prefill_s_per_token"]), ".3f") for r in runs]),
         ("load ms/token from host", [_tier(r, "load_s_per_token", "host", None, ".4f", 1e3) for r in runs]),
         ("load ms/token from disk", [_tier(r, "load_s_per_token", "disk", None, ".4f", 1e3) for r in runs]),
+        ("forward ms/computed token", [_fmt(_scaled(r.get("forward_s_per_token")), ".3f") for r in runs]),
+        ("contention (forward / no-cache fit)", [_fmt(r.get("contention_factor"), ".2f") for r in runs]),
+        ("TTFT floor avg (s)", [_fmt(r.get("ttft_floor_avg_s"), ".3f") for r in runs]),
+        ("TTFT avg / floor", [_fmt(r.get("ttft_vs_floor"), ".2f") for r in runs]),
+        ("store CPU ms/page written", [_tier(r, "store_cpu_s_per_page", "written", None, ".2f", 1e3) for r in runs]),
+        ("store CPU ms/page loaded", [_tier(r, "store_cpu_s_per_page", "loaded", None, ".2f", 1e3) for r in runs]),
     ]
     names = [r["name"] for r in runs]
     label_width = max(len(label) for label, _ in rows)

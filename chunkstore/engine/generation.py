@@ -118,5 +118,5 @@ class Generation:
             completion_tokens=len(self.output_ids), cached_tokens=seq.cached_tokens if seq else 0,
             device_tokens=seq.device_tokens if seq else 0, host_tokens=seq.host_tokens if seq else 0,
             disk_tokens=seq.disk_tokens if seq else 0, queue_s=started - self.submitted_at_s,
-            prefill_s=seq.prefill_s if seq else 0.0, ttft_s=first - self.submitted_at_s,
+            prefill_s=seq.prefill_s if seq else 0.0, forward_s=seq.forward_s if seq else 0.0, ttft_s=first - self.submitted_at_s,
             latency_s=now - self.submitted_at_s, seed=self.sampler.seed)

@@ -97,6 +97,7 @@ class GenerationResult:
     disk_tokens: int
     queue_s: float  # submit -> prefill start
     prefill_s: float  # cache match + load + forward of the uncached tokens
+    forward_s: float  # the forward of the uncached tokens alone (part of prefill_s)
     ttft_s: float  # submit -> first token sampled
     latency_s: float  # submit -> finished
     seed: int  # the sampler's seed (drawn when the request gave none)

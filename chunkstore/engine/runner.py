@@ -40,6 +40,7 @@ class Sequence:
     host_tokens: int
     disk_tokens: int
     prefill_s: float  # wall time of match + gather + forward
+    forward_s: float  # wall time of the forward of the uncached tokens alone
     logits: torch.Tensor  # float32: (vocab,) of the last position, or (computed tokens, vocab) with all_logits
     inserted_pages: int = field(default=0)  # whole pages handed to the cache by finish
 
@@ -90,15 +91,17 @@ class ModelRunner:
             kv = new_kv_cache()
             load_pages(self.cache.device_pool.buffer, hit.device_slots, kv)
             start = hit.num_tokens
+            forward_started = time.perf_counter()
             logits = forward(self.model, self._ids(token_ids[start:]), kv, start_position=start,
                              logits_to_keep=0 if all_logits else 1)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # prefill_s is compute time, not launch time
+            done = time.perf_counter()
         except BaseException:
             self.cache.release(hit)
             raise
         return Sequence(namespace, list(token_ids), len(token_ids), kv, hit, hit.num_tokens, hit.device_tokens,
-                        hit.host_tokens, hit.disk_tokens, time.perf_counter() - started,
+                        hit.host_tokens, hit.disk_tokens, done - started, done - forward_started,
                         logits if all_logits else logits[-1])
 
     @torch.inference_mode()

@@ -17,7 +17,7 @@ def result(prompt: int = 10, cached: int = 4, completion: int = 3, ttft_s: float
     return GenerationResult(request_id=1, text="", token_ids=(1,) * completion, finish_reason=FinishReason.STOP,
                             prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached,
                             device_tokens=cached, host_tokens=0, disk_tokens=0, queue_s=0.0, prefill_s=0.01,
-                            ttft_s=ttft_s, latency_s=latency_s, seed=0)
+                            forward_s=0.008, ttft_s=ttft_s, latency_s=latency_s, seed=0)
 
 
 def test_histogram_buckets():

@@ -1,0 +1,64 @@
+"""The contention figures of ``bench multiturn``: the forward's cost model, the contention factor,
+the TTFT floor and the per-thread CPU accounting (contention.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from chunkstore.bench.contention import ForwardCost, contention_factor, thread_cpu_s, ttft_floor_avg_s
+from chunkstore.bench.workload import Reply
+
+COST = ForwardCost(per_token_s=2e-4, per_pair_s=1e-7)
+
+
+def _reply(prompt: int, cached: int, forward_s: float | None, tiers=None) -> Reply:
+    return Reply(text="", output_ids=(), prompt_tokens=prompt, completion_tokens=1, cached_tokens=cached,
+                 tier_tokens=tiers or {"device": cached, "host": 0, "disk": 0}, ttft_s=1.0, latency_s=1.0,
+                 forward_s=forward_s)
+
+
+def _replies(slowdown: float = 1.0) -> list[Reply]:
+    shapes = [(96, 0), (196, 0), (300, 0), (404, 0), (200, 192), (304, 288), (500, 400), (120, 16)]
+    return [_reply(p, c, slowdown * COST.predict(c, p - c)) for p, c in shapes]
+
+
+def test_the_fit_recovers_the_per_token_and_attention_costs():
+    fitted = ForwardCost.fit(_replies())
+    assert fitted.per_token_s == pytest.approx(COST.per_token_s, rel=1e-6)
+    assert fitted.per_pair_s == pytest.approx(COST.per_pair_s, rel=1e-6)
+
+
+def test_the_contention_factor_is_measured_over_predicted_forward_time():
+    assert contention_factor(_replies(), COST) == pytest.approx(1.0)
+    assert contention_factor(_replies(slowdown=1.5), COST) == pytest.approx(1.5)
+    assert contention_factor(_replies(), None) is None
+    assert ForwardCost.fit([_reply(10, 0, 0.01)]) is None  # one sample fits nothing
+
+
+def test_the_floor_adds_the_load_cost_of_each_tier():
+    r = _reply(200, 160, 0.01, tiers={"device": 32, "host": 64, "disk": 64})
+    floor = ttft_floor_avg_s([r], COST, {"host": 1e-5, "disk": 1e-4})
+    assert floor == pytest.approx(COST.predict(160, 40) + 64 * 1e-5 + 64 * 1e-4)
+    assert ttft_floor_avg_s([r], COST, {"host": 1e-5, "disk": None}) is None  # disk tokens, no disk cost
+
+
+def test_thread_cpu_counts_only_the_named_threads():
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(1000))
+
+    worker = threading.Thread(target=spin, name="chunkstore-write_test")
+    worker.start()
+    try:
+        time.sleep(0.5)
+        busy = thread_cpu_s(("chunkstore-write",))
+        assert busy is not None and busy > 0.05
+        assert thread_cpu_s(("chunkstore-nothing-by-this-name",)) == 0.0
+    finally:
+        stop.set()
+        worker.join()
