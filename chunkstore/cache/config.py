@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
+from chunkstore.priority import ThreadPriority
 from chunkstore.disk.codec import Codec
 from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, positive_gb
 
@@ -80,10 +81,15 @@ class CacheConfig(BaseSettings):
                                               "prefix)", ge=0.0, le=1.0)
     eviction_policy: EvictionPolicy = _field(EvictionPolicy.LRU, "which unlocked leaf a full tier "
                                              "evicts first")
+    background_priority: ThreadPriority = _field(ThreadPriority.NORMAL, "CPU priority of the copies no "
+                                                 "request waits for (backups, persists, the store's "
+                                                 "compression and writes): normal, low (nice 19) or idle "
+                                                 "(SCHED_IDLE: only cycles nothing else wants)")
 
     # -- validation ------------------------------------------------------------------------------
 
-    @field_validator("write_policy", "prefetch_policy", "compression", "eviction_policy", mode="before")
+    @field_validator("write_policy", "prefetch_policy", "compression", "eviction_policy", "background_priority",
+                     mode="before")
     @classmethod
     def _parse_policy(cls, value: Any, info: ValidationInfo) -> enum.Enum:
         enum_type = cls.model_fields[info.field_name].annotation

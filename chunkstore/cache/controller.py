@@ -6,7 +6,9 @@ to the cache as an ``Ack`` (so a slot is never left owned by nobody and a page i
 present by a failed copy); the controller's ``InFlight`` registry is the one record of work in
 flight: an operation is in it from submission until its last ack was applied, and its ``done`` is
 set only then; a worker survives any error of one operation. On CUDA, the two copy paths run on
-their own streams, ordered after the compute that wrote the pages.
+their own streams, ordered after the compute that wrote the pages. The workers of the copies
+nobody waits for (backup, persist: BACKGROUND_PATHS) run at ``background_priority``; the paths
+a request waits for (prefetch, load-back) and ``run_now`` keep the request path's.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from chunkstore.cache.ops import (
 from chunkstore.cache.pools import PagePool
 from chunkstore.cache.tiers import Tier
 from chunkstore.disk.store import ChunkStore
+from chunkstore.priority import ThreadPriority, lower_this_thread
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH_BATCH_PAGES = 128  # pages per store read batch: as the store benchmark's batches
+BACKGROUND_PATHS = (TransferPath.DEVICE_TO_HOST, TransferPath.HOST_TO_DISK)
 
 
 class InFlight:
@@ -99,14 +103,19 @@ class _Worker:
     finishes the op in ``in_flight``."""
 
     def __init__(self, path: TransferPath, run: Callable[[TransferOp], Iterator[Ack]],
-                 on_ack: Callable[[Ack], None], in_flight: InFlight) -> None:
-        self.path = path
+                 on_ack: Callable[[Ack], None], in_flight: InFlight,
+                 priority: ThreadPriority = ThreadPriority.NORMAL) -> None:
+        self.path, self.priority = path, priority
         self.queue: queue.Queue[TransferOp | None] = queue.Queue()
         self._run, self._on_ack, self._in_flight = run, on_ack, in_flight
+        self._started = threading.Event()
         self.thread = threading.Thread(target=self._loop, name=f"chunkstore-{path.value}", daemon=True)
         self.thread.start()
+        self._started.wait()  # at its priority before any op reaches it
 
     def _loop(self) -> None:
+        lower_this_thread(self.priority)
+        self._started.set()
         while True:
             op = self.queue.get()
             if op is None:
@@ -156,7 +165,8 @@ class TierController:
 
     def __init__(self, device_pool: PagePool, host_pool: PagePool, store: ChunkStore | None,
                  on_ack: Callable[[Ack], None], *,
-                 prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> None:
+                 prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES,
+                 background_priority: ThreadPriority = ThreadPriority.NORMAL) -> None:
         if prefetch_batch_pages < 1:
             raise ValueError(f"prefetch_batch_pages must be >= 1, got {prefetch_batch_pages}")
         self.device_pool, self.host_pool, self.store = device_pool, host_pool, store
@@ -173,7 +183,10 @@ class TierController:
             TransferPath.DISK_TO_HOST: self._prefetch,
             TransferPath.HOST_TO_DEVICE: self._load_back,
         }
-        self._workers = {p: _Worker(p, run, on_ack, self.in_flight) for p, run in runs.items()}
+        background = ThreadPriority.parse(background_priority)
+        self._workers = {p: _Worker(p, run, on_ack, self.in_flight,
+                                    background if p in BACKGROUND_PATHS else ThreadPriority.NORMAL)
+                         for p, run in runs.items()}
 
     # -- submission and waiting --------------------------------------------------------------------
 

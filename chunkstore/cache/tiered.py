@@ -123,14 +123,15 @@ class TieredCache:
             # The data folder serves any model: this identity's own store in it (store_root).
             store = ChunkStore(store_root(config.disk_path, identity), identity,
                                capacity_bytes=config.disk_capacity_bytes(self.layout),
-                               codec=config.codec_for(self.layout))
+                               codec=config.codec_for(self.layout), write_priority=config.background_priority)
         self.store = store if config.use_disk else None
         self.counters = CacheCounters()
         self._holds = PrefetchHolds(int(self.host_pool.capacity_pages * config.prefetch_host_share),
                                     config.prefetch_hold_s)
         self._is_closed = False
         self.controller = TierController(self.device_pool, self.host_pool, self.store, self._apply_ack,
-                                         prefetch_batch_pages=prefetch_batch_pages)
+                                         prefetch_batch_pages=prefetch_batch_pages,
+                                         background_priority=config.background_priority)
         self._in_flight = self.controller.in_flight  # the one record of copies in flight (the controller's)
         self._refresher = PrefetchRefresher(self._prefetch_next_in_line) if self.store is not None else None
         self.admin = CacheAdmin(self)  # the management API's operations, over the public methods here

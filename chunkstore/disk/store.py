@@ -57,6 +57,7 @@ from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_
                                           check_identity, make_private_once, read_identity, store_root,
                                           warn_if_not_private)
 from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures
+from chunkstore.priority import ThreadPriority, lower_this_thread
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +117,9 @@ class ChunkStore:
     StoreBusyError when another process is writing it. ``direct_reads`` reads chunk files around
     the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
     and write (default 2 per core, at least 4), ``io_threads`` read (default 8), ``decode_threads``
-    decode loaded pages (default 1 per core). ``reset_index`` deletes the index (not the
+    decode loaded pages (default 1 per core). ``write_priority`` is the CPU priority of the
+    compress-and-write threads (priority.py): below the request path's, so that writes nobody
+    waits for take only the cycles it leaves; reads keep the caller's. ``reset_index`` deletes the index (not the
     payloads) before opening, for `chunkstore rebuild`. Failed writes are logged at most once per
     ``failure_log_interval_s`` after the first (a summary line counts the rest).
 
@@ -149,9 +152,11 @@ class ChunkStore:
         index_url: str | None = None,
         index_factory: Callable[..., ChunkIndex] = ChunkIndex,
         payloads: PayloadStore | None = None,
+        write_priority: ThreadPriority = ThreadPriority.NORMAL,
     ):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        self.write_priority = ThreadPriority.parse(write_priority)
         self.root = Path(path)
         self.identity = identity
         self.capacity_bytes = capacity_bytes
@@ -190,8 +195,8 @@ class ChunkStore:
         self.num_workers = num_workers or default_num_workers()
         self._loader = PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads)
         self.io_threads, self.decode_threads = self._loader.io_threads, self._loader.decode_threads
-        self._pool = ThreadPoolExecutor(max_workers=self.num_workers,
-                                        thread_name_prefix="chunkstore-write")
+        self._pool = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="chunkstore-write",
+                                        initializer=lower_this_thread, initargs=(self.write_priority,))
 
     @functools.cached_property
     def torch_dtype(self) -> torch.dtype:

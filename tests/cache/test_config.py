@@ -14,13 +14,14 @@ from chunkstore import Codec
 from chunkstore.cache import CacheConfig, Compression, KVLayout, PoolSize, PrefetchPolicy, WritePolicy
 from chunkstore.cache.config import add_cli_arguments, env_name, flag_name
 from chunkstore.cache.radix_policy import EvictionPolicy
+from chunkstore.priority import ThreadPriority
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=16, dtype="bfloat16", page_size=64)  # 16 KiB pages
 PAGE = LAYOUT.page_size_bytes
 POLICY_FIELDS = {
     "write_policy": WritePolicy, "prefetch_policy": PrefetchPolicy,
-    "compression": Compression, "eviction_policy": EvictionPolicy,
+    "compression": Compression, "eviction_policy": EvictionPolicy, "background_priority": ThreadPriority,
 }
 
 
@@ -92,7 +93,7 @@ def test_every_flag_parses():
         "--write-policy", "write_through_selective", "--write-through-threshold", "5",
         "--prefetch-policy", "timeout", "--prefetch-timeout-s", "0.5", "--prefetch-host-share", "0.75",
         "--prefetch-hold-s", "12", "--compression", "zstd", "--disk-load-host-share", "0.25",
-        "--eviction-policy", "lfu",
+        "--eviction-policy", "lfu", "--background-priority", "idle",
     )
     c = CacheConfig.from_cli_args(args)
     assert c.model_dump() == {
@@ -101,6 +102,7 @@ def test_every_flag_parses():
         "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
         "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5, "prefetch_host_share": 0.75,
         "prefetch_hold_s": 12.0, "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
+        "background_priority": ThreadPriority.IDLE,
     }
 
 
