@@ -37,22 +37,25 @@ def test_a_thread_lowers_only_itself(priority, expected):
     assert thread_priority(threading.get_native_id()) == before  # the caller's stays
 
 
-def test_the_stores_write_threads_run_at_its_write_priority(tmp_path):
+def test_the_stores_writes_and_background_reads_run_at_its_background_priority(tmp_path):
     from chunkstore.disk.keys import chain_pages
 
     pages = chain_pages(TINY, list(range(TINY.page_size * 4)))
-    with ChunkStore(tmp_path, TINY, write_priority="idle", num_workers=2) as store:
+    with ChunkStore(tmp_path, TINY, background_priority="idle", num_workers=2) as store:
         assert store.put(pages, kv_pages(TINY, len(pages))).ok
         assert _priorities("chunkstore-write") == {("idle", 0)}
         assert store.get(pages[:1])[0] is not None
         assert _priorities("chunkstore-read") | _priorities("chunkstore-decode") == {("other", 0)}
+        outs = store.get(pages[1:2])
+        assert store.get_into(pages[1:2], outs, background=True) == [True]
+        assert _priorities("chunkstore-background-read") | _priorities("chunkstore-background-decode") == {("idle", 0)}
 
 
 def test_the_cache_runs_backups_and_persists_at_the_background_priority(tmp_path):
     config = CacheConfig(page_size=TINY.page_size, device_size="8pages", host_size="16pages",
                          disk_path=tmp_path / "disk", background_priority="low")
     with TieredCache(config, TINY) as cache:
-        assert cache.store.write_priority is ThreadPriority.LOW
+        assert cache.store.background_priority is ThreadPriority.LOW
         for name in ("chunkstore-device_to_host", "chunkstore-host_to_disk"):
             assert _priorities(name) == {("other", 19)}, name
         for name in ("chunkstore-disk_to_host", "chunkstore-host_to_device"):
@@ -63,4 +66,4 @@ def test_an_unknown_priority_is_refused_with_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="normal, low, idle"):
         CacheConfig(background_priority="lowest")
     with pytest.raises(ValueError, match="normal, low, idle"):
-        ChunkStore(tmp_path, TINY, write_priority="realtime")
+        ChunkStore(tmp_path, TINY, background_priority="realtime")

@@ -7,8 +7,9 @@ present by a failed copy); the controller's ``InFlight`` registry is the one rec
 flight: an operation is in it from submission until its last ack was applied, and its ``done`` is
 set only then; a worker survives any error of one operation. On CUDA, the two copy paths run on
 their own streams, ordered after the compute that wrote the pages. The workers of the copies
-nobody waits for (backup, persist: BACKGROUND_PATHS) run at ``background_priority``; the paths
-a request waits for (prefetch, load-back) and ``run_now`` keep the request path's.
+nobody waits for (backup, persist: BACKGROUND_PATHS) run at ``background_priority``, and so do
+the store reads of speculative prefetches (for queued requests); a request's own loads, the
+load-back and ``run_now`` keep the request path's.
 """
 
 from __future__ import annotations
@@ -285,7 +286,8 @@ class TierController:
         for begin in range(0, n, batch):
             end = min(begin + batch, n)
             start = time.perf_counter()
-            hits = self.store.get_into(op.pages[begin:end], self.host_pool.views(op.host_slots[begin:end]))
+            hits = self.store.get_into(op.pages[begin:end], self.host_pool.views(op.host_slots[begin:end]),
+                                       background=op.speculative)
             ok = tuple(hits)
             if not all(ok):  # a hole ends the chain: the pages after it are of no use
                 good = ok.index(False)  # pages read after the hole are discarded: not moved

@@ -100,6 +100,7 @@ class PrefetchOp(TransferOp):
     host_slots: torch.Tensor = None
     anchor: LockHandle | None = None  # lock on the tree node the chain continues; moves per batch
     num_loaded_pages: int = 0  # pages inserted into the tree so far
+    speculative: bool = False  # for a queued request (held pages): its reads run at the background priority
 
     def __post_init__(self) -> None:
         self.path = TransferPath.DISK_TO_HOST

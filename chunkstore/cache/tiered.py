@@ -123,7 +123,7 @@ class TieredCache:
             # The data folder serves any model: this identity's own store in it (store_root).
             store = ChunkStore(store_root(config.disk_path, identity), identity,
                                capacity_bytes=config.disk_capacity_bytes(self.layout),
-                               codec=config.codec_for(self.layout), write_priority=config.background_priority)
+                               codec=config.codec_for(self.layout), background_priority=config.background_priority)
         self.store = store if config.use_disk else None
         self.counters = CacheCounters()
         self._holds = PrefetchHolds(int(self.host_pool.capacity_pages * config.prefetch_host_share),
@@ -340,6 +340,7 @@ class TieredCache:
                             host_slots=slots, anchor=anchor)
             if speculative:
                 self._holds.started(op)
+                op.speculative = True  # no request waits for it yet: read at the background priority
             self.controller.submit(op)  # in flight from here on: a second look finds it, under the lock
         return op, True
 

@@ -117,9 +117,10 @@ class ChunkStore:
     StoreBusyError when another process is writing it. ``direct_reads`` reads chunk files around
     the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
     and write (default 2 per core, at least 4), ``io_threads`` read (default 8), ``decode_threads``
-    decode loaded pages (default 1 per core). ``write_priority`` is the CPU priority of the
-    compress-and-write threads (priority.py): below the request path's, so that writes nobody
-    waits for take only the cycles it leaves; reads keep the caller's. ``reset_index`` deletes the index (not the
+    decode loaded pages (default 1 per core). ``background_priority`` is the CPU priority of the
+    compress-and-write threads and of the reads asked for as ``background`` (priority.py): below
+    the request path's, that work takes only the cycles it leaves; other reads keep the request
+    path's priority. ``reset_index`` deletes the index (not the
     payloads) before opening, for `chunkstore rebuild`. Failed writes are logged at most once per
     ``failure_log_interval_s`` after the first (a summary line counts the rest).
 
@@ -152,11 +153,11 @@ class ChunkStore:
         index_url: str | None = None,
         index_factory: Callable[..., ChunkIndex] = ChunkIndex,
         payloads: PayloadStore | None = None,
-        write_priority: ThreadPriority = ThreadPriority.NORMAL,
+        background_priority: ThreadPriority = ThreadPriority.NORMAL,
     ):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
-        self.write_priority = ThreadPriority.parse(write_priority)
+        self.background_priority = ThreadPriority.parse(background_priority)
         self.root = Path(path)
         self.identity = identity
         self.capacity_bytes = capacity_bytes
@@ -195,8 +196,11 @@ class ChunkStore:
         self.num_workers = num_workers or default_num_workers()
         self._loader = PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads)
         self.io_threads, self.decode_threads = self._loader.io_threads, self._loader.decode_threads
+        self._background_loader = self._loader if self.background_priority is ThreadPriority.NORMAL else \
+            PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads,
+                       priority=self.background_priority, thread_name="chunkstore-background")
         self._pool = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="chunkstore-write",
-                                        initializer=lower_this_thread, initargs=(self.write_priority,))
+                                        initializer=lower_this_thread, initargs=(self.background_priority,))
 
     @functools.cached_property
     def torch_dtype(self) -> torch.dtype:
@@ -221,6 +225,7 @@ class ChunkStore:
             return
         self._closed = True
         self._loader.close()
+        self._background_loader.close()
         self._pool.shutdown(wait=True)
         try:
             self._index.close()  # writes the buffered counters, then disposes of the connections
@@ -388,8 +393,11 @@ class ChunkStore:
         ok = self.get_into(pages, outs)
         return [t if hit else None for t, hit in zip(outs, ok)]
 
-    def get_into(self, pages: Sequence[PageRef], outs: Sequence[torch.Tensor]) -> list[bool]:
+    def get_into(self, pages: Sequence[PageRef], outs: Sequence[torch.Tensor], *,
+                 background: bool = False) -> list[bool]:
         """Load pages into caller-provided tensors (e.g. host pool slots); returns hit per page.
+        ``background``: no request waits for this load yet (a prefetch for a queued one), so it
+        runs at ``background_priority``.
 
         A destination whose page missed holds unspecified bytes. Missing files drop their row;
         corrupt files are quarantined. Never raises for a bad file.
@@ -400,7 +408,8 @@ class ChunkStore:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
         present = self._index.present([p.key for p in pages])
-        checks = self._loader.load([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
+        loader = self._background_loader if background else self._loader
+        checks = loader.load([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
         hits: list[bool] = []
         missing: list[PageRef] = []
         corrupt: list[tuple[PageRef, str]] = []
