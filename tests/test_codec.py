@@ -188,8 +188,8 @@ def test_codec_codes_round_trip_and_unknown_codes_are_corruption():
     assert [Codec.from_code(c.code) for c in Codec] == list(Codec)
     with pytest.raises(CorruptChunkError):
         Codec.from_code(3)
-    assert Codec.default_for(2) is Codec.ZSTD_SPLIT
-    assert Codec.default_for(1) is Codec.ZSTD and Codec.default_for(4) is Codec.ZSTD
+    assert Codec.default_for(2) is Codec.ZSTD_SPLIT and Codec.default_for(4) is Codec.ZSTD_SPLIT
+    assert Codec.default_for(1) is Codec.ZSTD
 
 
 # -- check_planes ----------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class CacheConfig(BaseSettings):
     prefetch_hold_s: float = _field(30.0, "longest a prefetched page is kept for a request that has not "
                                           "started, in seconds", gt=0)
     compression: Compression = _field(Compression.AUTO, "chunk payload codec (auto: zstd_split for "
-                                      "16-bit dtypes, zstd otherwise)")
+                                      "dtypes of 2 or more bytes, zstd for 1-byte ones)")
     disk_load_host_share: float = _field(1.0, "share of the pages loaded from disk to the device "
                                               "that also stay in host memory (the first ones of the "
                                               "prefix)", ge=0.0, le=1.0)

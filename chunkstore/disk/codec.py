@@ -51,7 +51,10 @@ class Codec(Choice):
 
     @classmethod
     def default_for(cls, itemsize: int) -> "Codec":
-        return cls.ZSTD_SPLIT if itemsize == 2 else cls.ZSTD
+        """Byte planes for multi-byte values: measured on the small preset's KV, fp32 compresses to
+        1.25x at 1.3 CPU s/GB this way against 1.15x at 2.0 with one zstd frame (bf16: 1.66x at 1.8
+        against 1.38x at 3.8); one-byte values have one plane, so plain zstd."""
+        return cls.ZSTD_SPLIT if itemsize >= 2 else cls.ZSTD
 
 
 _CODEC_CODES = {Codec.NONE: 0, Codec.ZSTD: 1, Codec.ZSTD_SPLIT: 2}

@@ -201,8 +201,8 @@ def test_derived_sizes_check_the_layout():
 
 def test_codec_follows_the_dtype():
     assert CacheConfig().codec_for(LAYOUT) is Codec.ZSTD_SPLIT
-    fp32 = KVLayout(2, 2, 16, "float32", 64)
-    assert CacheConfig().codec_for(fp32) is Codec.ZSTD
+    fp32, fp8 = KVLayout(2, 2, 16, "float32", 64), KVLayout(2, 2, 16, "float8_e4m3fn", 64)
+    assert CacheConfig().codec_for(fp32) is Codec.ZSTD_SPLIT and CacheConfig().codec_for(fp8) is Codec.ZSTD
     assert CacheConfig(compression="none").codec_for(LAYOUT) is Codec.NONE
     assert {c.value for c in Compression} - {"auto"} == {c.value for c in Codec}
 
