@@ -11,7 +11,7 @@ import pytest
 from chunkstore.bench.contention import ForwardCost, contention_factor, thread_cpu_s, ttft_floor_avg_s
 from chunkstore.bench.workload import Reply
 
-COST = ForwardCost(per_token_s=2e-4, per_pair_s=1e-7)
+COST = ForwardCost(fixed_s=5e-3, per_token_s=2e-4, per_pair_s=1e-7)
 
 
 def _reply(prompt: int, cached: int, forward_s: float | None, tiers=None) -> Reply:
@@ -25,17 +25,27 @@ def _replies(slowdown: float = 1.0) -> list[Reply]:
     return [_reply(p, c, slowdown * COST.predict(c, p - c)) for p, c in shapes]
 
 
-def test_the_fit_recovers_the_per_token_and_attention_costs():
+def test_the_fit_recovers_the_fixed_per_token_and_attention_costs():
     fitted = ForwardCost.fit(_replies())
+    assert fitted.fixed_s == pytest.approx(COST.fixed_s, rel=1e-6)
     assert fitted.per_token_s == pytest.approx(COST.per_token_s, rel=1e-6)
     assert fitted.per_pair_s == pytest.approx(COST.per_pair_s, rel=1e-6)
+
+
+def test_a_term_the_data_push_below_zero_is_dropped():
+    flat = ForwardCost(fixed_s=0.0, per_token_s=5e-4, per_pair_s=0.0)
+    replies = [_reply(p, c, flat.predict(c, p - c) * (1.02 if i % 2 else 0.98)) for i, (p, c) in
+               enumerate([(96, 0), (196, 0), (300, 0), (404, 0), (500, 0), (600, 0)])]
+    fitted = ForwardCost.fit(replies)
+    assert min(fitted.fixed_s, fitted.per_token_s, fitted.per_pair_s) >= 0
+    assert contention_factor(replies, fitted) == pytest.approx(1.0, abs=0.02)
 
 
 def test_the_contention_factor_is_measured_over_predicted_forward_time():
     assert contention_factor(_replies(), COST) == pytest.approx(1.0)
     assert contention_factor(_replies(slowdown=1.5), COST) == pytest.approx(1.5)
     assert contention_factor(_replies(), None) is None
-    assert ForwardCost.fit([_reply(10, 0, 0.01)]) is None  # one sample fits nothing
+    assert ForwardCost.fit([_reply(10, 0, 0.01), _reply(20, 0, 0.02)]) is None  # too few to fit
 
 
 def test_the_floor_adds_the_load_cost_of_each_tier():

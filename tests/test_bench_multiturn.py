@@ -29,7 +29,8 @@ RUN_KEYS = ("name", "description", "num_requests", "prompt_tokens", "cached_toke
             "hit_rate", "hit_rate_by_tier", "ideal_hit_rate", "hit_rate_vs_ideal", "ttft_avg_s", "ttft_p50_s",
             "ttft_p90_s", "ttft_p99_s", "latency_avg_s", "latency_p50_s", "latency_p90_s", "latency_p99_s",
             "duration_s", "throughput_rps", "input_tokens_per_s", "output_tokens_per_s", "tokens_per_s",
-            "prefill_s_per_token", "forward_s_per_token", "contention_factor", "ttft_floor_avg_s", "ttft_vs_floor",
+            "prefill_s_per_token", "forward_s_per_token", "contention_factor", "ttft_served_avg_s", "ttft_floor_avg_s",
+            "ttft_vs_floor",
             "store_cpu_s", "store_cpu_s_per_page", "load_s_per_token", "bytes_by_tier", "paths", "evicted_pages",
             "cache_stats")
 

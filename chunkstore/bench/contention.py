@@ -3,8 +3,8 @@ the CPU the store's threads spend per page, and the TTFT floor the hit rate allo
 
 - The forward's cost model, fitted by least squares on the ``no-cache`` run of the same
   invocation (where nothing but the forward and the cache's inserts run): a prefill of ``n``
-  tokens after ``start`` cached ones costs ``a * n + b * n * (start + (n + 1) / 2)`` seconds (the
-  per-token layers, then attention over every earlier position). A run's contention factor is its
+  tokens after ``start`` cached ones costs ``c + a * n + b * n * (start + (n + 1) / 2)`` seconds
+  (a fixed cost per forward, the per-token layers, then attention over every earlier position). A run's contention factor is its
   measured forward seconds over what the model predicts for the same prefills: 1.0 when nothing
   slows the forward, 1.5 when it runs half as fast again.
 - The TTFT floor of a request: the predicted (uncontended) forward of its uncached tokens, plus
@@ -33,41 +33,49 @@ from chunkstore.bench.workload import Reply
 
 # Thread name prefixes: the store's own pools and the controller's disk paths.
 WRITE_THREADS = ("chunkstore-write", "chunkstore-host_to_disk")
-LOAD_THREADS = ("chunkstore-read", "chunkstore-decode", "chunkstore-disk_to_host")
+LOAD_THREADS = ("chunkstore-read", "chunkstore-decode", "chunkstore-background-read", "chunkstore-background-decode",
+                "chunkstore-disk_to_host")
 _TASKS = Path("/proc/self/task")
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardCost:
-    """Seconds of a prefill forward: ``per_token_s * n + per_pair_s * n * (start + (n + 1) / 2)``."""
+    """Seconds of a prefill forward of ``n`` tokens after ``start`` cached ones:
+    ``fixed_s + per_token_s * n + per_pair_s * n * (start + (n + 1) / 2)``."""
 
+    fixed_s: float
     per_token_s: float
     per_pair_s: float
 
     @classmethod
     def fit(cls, replies: list[Reply]) -> ForwardCost | None:
-        """Least squares over the replies that computed tokens (both terms kept >= 0); None with
-        fewer than two such replies."""
+        """Least squares over the replies that computed tokens, every term kept >= 0 (a term the
+        data push below zero is dropped and the rest fitted again); None with fewer than three
+        such replies."""
         rows, seconds = [], []
         for r in replies:
             n = r.prompt_tokens - r.cached_tokens
             if r.forward_s is None or n <= 0:
                 continue
-            rows.append((n, n * (r.cached_tokens + (n + 1) / 2)))
+            rows.append((1.0, n, n * (r.cached_tokens + (n + 1) / 2)))
             seconds.append(r.forward_s)
-        if len(rows) < 2:
+        if len(rows) < 3:
             return None
         a = np.asarray(rows, dtype=np.float64)
         y = np.asarray(seconds, dtype=np.float64)
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        if coef[1] < 0:  # attention too cheap to see: per token only
-            coef = np.array([y.sum() / a[:, 0].sum(), 0.0])
-        elif coef[0] < 0:
-            coef = np.array([0.0, y.sum() / a[:, 1].sum()])
-        return cls(float(coef[0]), float(coef[1]))
+        kept = [0, 1, 2]
+        while True:
+            coef, *_ = np.linalg.lstsq(a[:, kept], y, rcond=None)
+            if (coef >= 0).all() or len(kept) == 1:
+                break
+            kept.pop(int(np.argmin(coef)))
+        terms = [0.0, 0.0, 0.0]
+        for i, c in zip(kept, coef):
+            terms[i] = max(float(c), 0.0)
+        return cls(*terms)
 
     def predict(self, start: int, n: int) -> float:
-        return self.per_token_s * n + self.per_pair_s * n * (start + (n + 1) / 2)
+        return self.fixed_s + self.per_token_s * n + self.per_pair_s * n * (start + (n + 1) / 2)
 
 
 def contention_factor(replies: list[Reply], cost: ForwardCost | None) -> float | None:

@@ -97,6 +97,7 @@ class MultiturnConfig:
     dtype: str = "float32"
     page_size: int | None = None  # None: DEFAULT_PAGE_SIZE in-process, SERVER_PAGE_SIZE with a url
     max_running: int = 1
+    torch_threads: int | None = None  # the forward's threads (torch.set_num_threads); None: torch's default
     device_size: str | None = None  # None: derived from the workload (see Budgets)
     host_size: str | None = None
     disk_size_gb: float | None = None  # None: unbounded
@@ -116,6 +117,8 @@ class MultiturnConfig:
             raise ValueError(f"--page-size must be >= 1, got {self.page_size}")
         if self.max_running < 1:
             raise ValueError(f"--max-running must be >= 1, got {self.max_running}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
         for name in ("device_size", "host_size"):
             if getattr(self, name) is not None:
                 PoolSize.parse(getattr(self, name))  # its ValueError names the accepted forms
@@ -220,7 +223,8 @@ def engine_sender(engine, workload: Workload, *, fresh_namespaces: bool) -> Send
         return Reply(text=r.text, output_ids=r.token_ids, prompt_tokens=r.prompt_tokens,
                      completion_tokens=r.completion_tokens, cached_tokens=r.cached_tokens,
                      tier_tokens={"device": r.device_tokens, "host": r.host_tokens, "disk": r.disk_tokens},
-                     ttft_s=r.ttft_s, latency_s=r.latency_s, prefill_s=r.prefill_s, forward_s=r.forward_s)
+                     ttft_s=r.ttft_s, latency_s=r.latency_s, prefill_s=r.prefill_s, forward_s=r.forward_s,
+                     queue_s=r.queue_s)
 
     return send
 
@@ -265,6 +269,10 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
     from chunkstore.engine import Engine, EngineConfig, load_model
 
     w = cfg.workload
+    if cfg.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
     loaded = load_model(cfg.model_path or cfg.preset, dtype=cfg.dtype)
     check_fits(w, loaded.max_positions)
     identity = loaded.identity(cfg.page_size)
@@ -315,8 +323,14 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
         "runs": runs,
         "setting": f"model {cfg.model_name} ({loaded.dtype_name}, {loaded.device}), page {cfg.page_size} tokens "
                    f"({layout.page_size_bytes / 1024:g} KiB); {memory}; disk {disk}; "
-                   f"{cfg.max_running} running request(s) at a time",
+                   f"{cfg.max_running} running request(s) at a time; forward on {torch_threads()} thread(s)",
     }
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def server_page_size(cfg: MultiturnConfig, served) -> int:
@@ -421,6 +435,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"page size, for the ideal hit rate)")
     parser.add_argument("--max-running", type=int, default=1,
                         help="requests the engine runs at once, decoded round-robin (default 1)")
+    parser.add_argument("--torch-threads", type=int, default=None, metavar="N",
+                        help="threads of the model's forward (torch.set_num_threads; default: torch's, one per "
+                             "core): fewer leave cores to the disk tier's threads")
     parser.add_argument("--device-size", default=None,
                         help="device pool, bytes or pages, e.g. 64MB, 200pages (default: derived)")
     parser.add_argument("--host-size", default=None, help="host pool, bytes or pages (default: derived)")
@@ -455,8 +472,8 @@ def config_from_args(args: argparse.Namespace) -> MultiturnConfig:
             raise ValueError("--plot needs matplotlib: pip install 'chunkstore[plot]'") from None
     return MultiturnConfig(
         workload=workload, preset=args.preset, model_path=args.model, dtype=args.dtype, page_size=args.page_size,
-        max_running=args.max_running, device_size=args.device_size, host_size=args.host_size,
-        disk_size_gb=args.disk_size, setups=Setup.parse_list(args.configs or default), url=args.url,
+        max_running=args.max_running, torch_threads=args.torch_threads, device_size=args.device_size,
+        host_size=args.host_size, disk_size_gb=args.disk_size, setups=Setup.parse_list(args.configs or default), url=args.url,
         api_key=args.api_key, namespace=args.namespace, keep=args.keep, show_progress=not args.no_progress)
 
 

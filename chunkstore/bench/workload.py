@@ -93,7 +93,8 @@ def ideal_cached_tokens(prompt_tokens: int, previous: tuple[int, int] | None, pa
 class Reply:
     """What one request got back. ``output_ids`` in-process (exact ids), None over HTTP (``text``);
     ``tier_tokens`` (device, host, disk: where the cached tokens were found) when the backend
-    says; ``prefill_s`` and ``forward_s`` (the forward of the uncached tokens alone) in-process only."""
+    says; ``prefill_s``, ``forward_s`` (the forward of the uncached tokens alone) and ``queue_s``
+    (submit to prefill start) in-process only."""
 
     text: str
     output_ids: tuple[int, ...] | None
@@ -105,6 +106,7 @@ class Reply:
     latency_s: float
     prefill_s: float | None = None
     forward_s: float | None = None
+    queue_s: float | None = None
 
 
 @dataclass(slots=True)
