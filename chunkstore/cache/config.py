@@ -81,7 +81,7 @@ class CacheConfig(BaseSettings):
                                               "prefix)", ge=0.0, le=1.0)
     eviction_policy: EvictionPolicy = _field(EvictionPolicy.LRU, "which unlocked leaf a full tier "
                                              "evicts first")
-    background_priority: ThreadPriority = _field(ThreadPriority.NORMAL, "CPU priority of the copies no "
+    background_priority: ThreadPriority = _field(ThreadPriority.IDLE, "CPU priority of the copies no "
                                                  "request waits for (backups, persists, the store's "
                                                  "compression and writes): normal, low (nice 19) or idle "
                                                  "(SCHED_IDLE: only cycles nothing else wants)")

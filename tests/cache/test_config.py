@@ -93,7 +93,7 @@ def test_every_flag_parses():
         "--write-policy", "write_through_selective", "--write-through-threshold", "5",
         "--prefetch-policy", "timeout", "--prefetch-timeout-s", "0.5", "--prefetch-host-share", "0.75",
         "--prefetch-hold-s", "12", "--compression", "zstd", "--disk-load-host-share", "0.25",
-        "--eviction-policy", "lfu", "--background-priority", "idle",
+        "--eviction-policy", "lfu", "--background-priority", "low",
     )
     c = CacheConfig.from_cli_args(args)
     assert c.model_dump() == {
@@ -102,7 +102,7 @@ def test_every_flag_parses():
         "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
         "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5, "prefetch_host_share": 0.75,
         "prefetch_hold_s": 12.0, "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
-        "background_priority": ThreadPriority.IDLE,
+        "background_priority": ThreadPriority.LOW,
     }
 
 
