@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore import ChunkStore, chain_pages
+from chunkstore import ChunkStore
 from chunkstore.cli import build_parser, main, parse_size_bytes
-from tests.helpers import TINY, kv_pages
+from tests.helpers import TINY
+from tests.helpers.api import fill_store
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "CLI.md"
 
@@ -22,12 +23,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "CLI.md"
 @pytest.fixture
 def filled(tmp_path):
     root = tmp_path / "store"
-    pages = chain_pages(TINY, list(range(TINY.page_size * 8)))
-    other = chain_pages(TINY, list(range(TINY.page_size * 2)), namespace="other")
-    with ChunkStore(root, TINY) as s:
-        s.put(pages, kv_pages(TINY, 8))
-        s.put(other, kv_pages(TINY, 2, seed=1))
-        s.get(pages[:2])
+    pages, other = fill_store(root)
     return root, pages, other
 
 
