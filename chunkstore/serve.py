@@ -28,7 +28,8 @@ log = logging.getLogger("chunkstore.serve")
 
 _FLAG_TYPES: dict[str, dict[str, Any]] = {
     "port": dict(type=int), "seed": dict(type=int), "max_queue_size": dict(type=int, metavar="N"),
-    "max_running_requests": dict(type=int, metavar="N"), "shutdown_timeout_s": dict(type=float, metavar="SECONDS"),
+    "max_running_requests": dict(type=int, metavar="N"), "torch_threads": dict(type=int, metavar="N"),
+    "shutdown_timeout_s": dict(type=float, metavar="SECONDS"),
     "model": dict(type=Path, metavar="PATH"), "preset": dict(metavar="NAME"), "served_model_name": dict(metavar="NAME"),
     "api_key": dict(action="append", metavar="[NAME=]KEY"), "max_body_bytes": dict(metavar="SIZE"),
     "log_level": dict(metavar="LEVEL"),
@@ -36,7 +37,7 @@ _FLAG_TYPES: dict[str, dict[str, Any]] = {
 _GROUPS = {"server": ("host", "port", "api_key", "served_model_name", "max_body_bytes", "shutdown_timeout_s",
                       "log_level"),
            "model and engine": ("model", "preset", "dtype", "seed", "device", "max_queue_size",
-                                "max_running_requests")}
+                                "max_running_requests", "torch_threads")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +67,12 @@ class _Exit(Exception):
 
 
 def _build_engine(settings: ServerSettings, cache_config: CacheConfig):
+    import torch
+
     from chunkstore.engine import Engine, EngineConfig, load_model  # torch and transformers: only now
 
+    if settings.torch_threads is not None:
+        torch.set_num_threads(settings.torch_threads)
     if settings.model is not None and not settings.model.is_dir():
         raise _Exit(f"--model {settings.model}: no such model folder (built-in models: --preset)")
     name = str(settings.model) if settings.model is not None else settings.preset

@@ -10,6 +10,7 @@ import pytest
 
 from chunkstore.bench.contention import ForwardCost, contention_factor, thread_cpu_s, ttft_floor_avg_s
 from chunkstore.bench.workload import Reply
+from chunkstore.bench.multiturn_report import bounds, throughput_at_floor
 
 COST = ForwardCost(fixed_s=5e-3, per_token_s=2e-4, per_pair_s=1e-7)
 
@@ -72,3 +73,14 @@ def test_thread_cpu_counts_only_the_named_threads():
     finally:
         stop.set()
         worker.join()
+
+
+def test_the_throughput_at_the_floor_takes_each_request_down_to_its_floor():
+    # 10 requests in 2 s, each 0.05 s above its floor: at the floor they take 1.5 s
+    run = {"num_requests": 10, "duration_s": 2.0, "ttft_served_avg_s": 0.15, "ttft_floor_avg_s": 0.10}
+    assert throughput_at_floor(run) == pytest.approx(10 / 1.5)
+    assert throughput_at_floor({**run, "ttft_floor_avg_s": None}) is None
+    disk = {**run, "name": "device+host+disk", "throughput_at_floor_rps": 8.0}
+    memory = {**run, "name": "device+host", "throughput_at_floor_rps": 5.0}
+    assert bounds([disk, memory]) == {"disk_throughput_vs_device_host_at_floor": pytest.approx(1.6)}
+    assert bounds([disk]) == {}

@@ -30,7 +30,7 @@ RUN_KEYS = ("name", "description", "num_requests", "prompt_tokens", "cached_toke
             "ttft_p90_s", "ttft_p99_s", "latency_avg_s", "latency_p50_s", "latency_p90_s", "latency_p99_s",
             "duration_s", "throughput_rps", "input_tokens_per_s", "output_tokens_per_s", "tokens_per_s",
             "prefill_s_per_token", "forward_s_per_token", "contention_factor", "ttft_served_avg_s", "ttft_floor_avg_s",
-            "ttft_vs_floor",
+            "ttft_vs_floor", "throughput_at_floor_rps",
             "store_cpu_s", "store_cpu_s_per_page", "load_s_per_token", "bytes_by_tier", "paths", "evicted_pages",
             "cache_stats")
 
@@ -145,6 +145,10 @@ def test_a_tiny_run_reports_every_key(tmp_path, capsys):
     for name, r in runs.items():
         assert r["forward_s_per_token"] > 0 and r["contention_factor"] > 0, name
         assert (r["ttft_floor_avg_s"] or 0) > 0 and r["ttft_vs_floor"] > 0, name
+        assert r["throughput_at_floor_rps"] > 0, name
+    assert set(doc["bounds"]) == {"disk_throughput_vs_device_host_at_floor"}
+    assert doc["bounds"]["disk_throughput_vs_device_host_at_floor"] == pytest.approx(
+        disk["throughput_at_floor_rps"] / runs["device+host"]["throughput_at_floor_rps"])
     assert runs["no-cache"]["contention_factor"] == pytest.approx(1.0, abs=0.35)  # its own fit
     # The store's threads did the disk's work: writes in the first disk run, loads in the replay.
     assert disk["store_cpu_s"]["write"] > 0 and restart["store_cpu_s"]["load"] > 0

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from chunkstore.bench.common import files_under, make_cold
 from chunkstore.bench.contention import ForwardCost, store_cpu_s
-from chunkstore.bench.multiturn_report import format_table, summarize_run, targets, write_plot
+from chunkstore.bench.multiturn_report import bounds, format_table, summarize_run, targets, write_plot
 from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
 from chunkstore.cache.config import CacheConfig, PoolSize
 from chunkstore.cache.layout import KVLayout
@@ -387,6 +387,7 @@ def run_multiturn_bench(cfg: MultiturnConfig) -> dict:
     checks = targets(result["runs"])
     result["targets"] = {t.name: t.to_dict() for t in checks}
     result["all_pass"] = all(t.passed for t in checks)
+    result["bounds"] = bounds(result["runs"])
     result["runtime_s"] = time.perf_counter() - started
     return result
 

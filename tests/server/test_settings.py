@@ -59,6 +59,8 @@ def test_flags_override_the_environment(monkeypatch, tmp_path):
     assert settings.port == 9002 and [t.namespace for t in settings.tenants][0] == "carol"
     assert settings.tenants[1].namespace.startswith("key-") and cache.device_size == "8pages"
     assert settings.model_name == tmp_path.name
+    assert settings.torch_threads is None  # torch's own default: one thread per core
+    assert settings_from_args(parse("--torch-threads", "1"))[0].torch_threads == 1
 
 
 @pytest.mark.parametrize("entry,name", [
@@ -87,6 +89,7 @@ def test_api_key_entries(entry, name):
     ({"max_body_bytes": "12pages"}, "not a size"),
     ({"log_level": "loud"}, "log level"),
     ({"max_running_requests": 0}, "max_running_requests"),
+    ({"torch_threads": 0}, "torch_threads"),
 ])
 def test_bad_settings(kwargs, says):
     with pytest.raises(ValidationError, match=says):
