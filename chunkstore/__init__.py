@@ -24,7 +24,7 @@ __all__ = sorted(_DISK_EXPORTS)
 if TYPE_CHECKING:
     from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, CorruptChunkError, Durability, EvictResult,
                                  ModelIdentity, ModelMismatchError, PageRef, PutResult, StoreBusyError, StoreStats,
-                                 chain_pages, page_key, root_key, store_root)
+                                 chain_pages, engine_pages, page_key, root_key, store_root)
 
 
 def __getattr__(name: str) -> Any:

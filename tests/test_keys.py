@@ -24,9 +24,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from chunkstore.disk import keys
-from chunkstore.disk.identity import DTYPE_CODES, ModelIdentity
+from chunkstore.disk.identity import DTYPE_CODES, KEY_SCHEMES, ModelIdentity
 from chunkstore.disk.keys import (
-    KEY_SIZE_BYTES, PageRef, chain_keys, chain_pages, decode_tokens, encode_tokens, page_key, root_key,
+    KEY_SIZE_BYTES, PageRef, chain_keys, chain_pages, decode_tokens, encode_tokens, engine_pages, page_key,
+    root_key,
 )
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "KEYS.md"
@@ -54,7 +55,10 @@ def ref_root_preimage(identity: ModelIdentity, namespace: str) -> bytes:
     for tag, name, kind in ROOT_FIELDS:
         value = getattr(identity, name)
         out += ref_field(tag, value.encode("utf-8") if kind == "string" else value.to_bytes(8, "big"))
-    return out + ref_field(0x0A, namespace.encode("utf-8"))
+    out += ref_field(0x0A, namespace.encode("utf-8"))
+    if identity.key_scheme != "tokens":  # only engine-keyed roots carry the scheme
+        out += ref_field(0x0B, identity.key_scheme.encode("utf-8"))
+    return out
 
 
 def ref_tokens(token_ids) -> bytes:
@@ -157,9 +161,14 @@ def test_doc_vector_matches_code(index):
     identity = ModelIdentity(**v["identity"])
     assert set(v["identity"]) == {f.name for f in dataclasses.fields(ModelIdentity)}
     assert root_key(identity, v["namespace"]).hex() == v["root_key"]
-    pages = chain_pages(identity, v["token_ids"], v["namespace"])
+    if identity.key_scheme == "engine":
+        pages = engine_pages(identity, [bytes.fromhex(k) for k in v["engine_keys"]], v["namespace"])
+        assert len(pages) == len(v["engine_keys"])
+        assert [encode_tokens(p.token_ids).hex() for p in pages] == v["engine_keys"]  # the header's ids
+    else:
+        pages = chain_pages(identity, v["token_ids"], v["namespace"])
+        assert len(pages) == len(v["token_ids"]) // identity.page_size
     assert [p.key.hex() for p in pages] == v["page_keys"]
-    assert len(pages) == len(v["token_ids"]) // identity.page_size
     # and the reference encoder, which follows the doc's prose, agrees with the doc's numbers
     assert ref_root_key(identity, v["namespace"]).hex() == v["root_key"]
 
@@ -307,6 +316,8 @@ def other_value(identity: ModelIdentity, name: str):
         return st.integers(0, identity.tp_size - 1).filter(lambda v: v != old)
     if name == "tp_size":
         return st.integers(identity.tp_rank + 1, U64_MAX).filter(lambda v: v != old)
+    if name == "key_scheme":
+        return st.sampled_from(sorted(set(KEY_SCHEMES) - {old}))
     return ints.filter(lambda v: v != old)
 
 
@@ -456,7 +467,7 @@ print(json.dumps(out))
 
 
 def test_keys_are_identical_in_other_processes(tmp_path):
-    cases = [{k: v[k] for k in ("identity", "namespace", "token_ids")} for v in doc_vectors()]
+    cases = [{k: v[k] for k in ("identity", "namespace", "token_ids")} for v in doc_vectors() if "token_ids" in v]
     rng = np.random.default_rng(7)
     for i in range(20):
         identity = make_identity(model_id=f"model-{i}-ü", page_size=int(rng.integers(1, 5)),
@@ -497,3 +508,25 @@ def test_chain_keys_equals_page_key_chained():
     assert chain_keys(parent, data[:12], 4) == []
     with pytest.raises(ValueError):
         chain_keys(b"short", data, 4)
+
+
+def test_engine_keyed_pages_chain_the_engine_keys_from_their_own_root():
+    tokens_id = make_identity()
+    engine_id = make_identity(key_scheme="engine")
+    assert root_key(engine_id) != root_key(tokens_id)  # the scheme is in the root
+    k1, k2 = hashlib.sha256(b"page 1").digest(), hashlib.sha256(b"page 2").digest()
+    pages = engine_pages(engine_id, [k1, k2], "tenant")
+    root = root_key(engine_id, "tenant")
+    assert [p.parent_key for p in pages] == [root, root]  # the engine key already covers the prefix
+    assert pages[1].key == page_key(root, k2) and encode_tokens(pages[1].token_ids) == k2
+    assert engine_id.ids_per_page == 8 and tokens_id.ids_per_page == tokens_id.page_size
+    assert engine_pages(engine_id, [k2], "tenant") == pages[1:]  # alone, the same key
+    assert engine_pages(engine_id, [k2], "other")[0].key != pages[1].key
+    with pytest.raises(ValueError, match="32 bytes"):
+        engine_pages(engine_id, [k1[:16]])
+    with pytest.raises(ValueError, match="key_scheme"):
+        engine_pages(tokens_id, [k1])
+    with pytest.raises(ValueError, match="engine_pages"):
+        chain_pages(engine_id, [1, 2])
+    with pytest.raises(ValueError, match="key_scheme"):
+        make_identity(key_scheme="hashes")

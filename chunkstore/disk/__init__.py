@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 _OWNERS = {
     "chunkstore.disk.codec": ("Codec", "CorruptChunkError"),
     "chunkstore.disk.identity": ("ModelIdentity", "ModelMismatchError"),
-    "chunkstore.disk.keys": ("DEFAULT_NAMESPACE", "PageRef", "chain_pages", "page_key", "root_key"),
+    "chunkstore.disk.keys": ("DEFAULT_NAMESPACE", "PageRef", "chain_pages", "engine_pages", "page_key", "root_key"),
     "chunkstore.disk.store": ("ChunkStore",),
     "chunkstore.disk.results": ("EvictResult", "PutResult", "StoreStats", "ReadOnlyStoreError"),
     "chunkstore.disk.store_folder": ("StoreBusyError", "store_root", "read_identity"),
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from chunkstore.disk.files import PRIVATE_FILE_MODE, ChunkFiles, Durability, make_private, write_private_file
     from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
     from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError, sqlite_url
-    from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, page_key, root_key
+    from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, engine_pages, page_key, root_key
     from chunkstore.disk.payloads import PayloadStore, Staged
     from chunkstore.disk.results import EvictResult, PutResult, ReadOnlyStoreError, StoreStats
     from chunkstore.disk.store import ChunkStore

@@ -31,6 +31,11 @@ DTYPE_ITEMSIZE: dict[str, int] = {
 DTYPE_NAMES: dict[int, str] = {code: name for name, code in DTYPE_CODES.items()}
 
 LAYOUT_VERSION = 1
+# How pages are named: "tokens" (the key chains the page's token ids: chunkstore's own engine and
+# cache) or "engine" (the key chains an engine's own page key, e.g. SGLang's SHA-256 per page, when
+# the tokens never reach the store). Part of the root key, so the two never share a chunk.
+KEY_SCHEMES = ("tokens", "engine")
+ENGINE_KEY_BYTES = 32  # an engine page key: 32 bytes (a SHA-256 digest)
 _INT_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "page_size", "layout_version", "tp_rank", "tp_size")
 
 
@@ -40,7 +45,8 @@ class ModelMismatchError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ModelIdentity:
-    """What a page of KV depends on besides its tokens.
+    """What a page of KV depends on besides its tokens (or, with ``key_scheme="engine"``, besides
+    the engine's own key for it).
 
     The page layout is page-first: one page holds all layers, K and V, as
     ``(num_layers, 2, page_size, num_kv_heads, head_dim)`` in ``kv_dtype``.
@@ -55,6 +61,7 @@ class ModelIdentity:
     layout_version: int = LAYOUT_VERSION
     tp_rank: int = 0
     tp_size: int = 1
+    key_scheme: str = "tokens"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:
@@ -74,6 +81,14 @@ class ModelIdentity:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tp_rank {self.tp_rank} must be in [0, tp_size={self.tp_size})")
+        if self.key_scheme not in KEY_SCHEMES:
+            raise ValueError(f"key_scheme {self.key_scheme!r} is not one of {', '.join(KEY_SCHEMES)}")
+
+    @property
+    def ids_per_page(self) -> int:
+        """The uint32 ids a page's key chains (and its chunk header carries): its ``page_size``
+        token ids, or the 8 words of an engine page key."""
+        return self.page_size if self.key_scheme == "tokens" else ENGINE_KEY_BYTES // 4
 
     @property
     def page_shape(self) -> tuple[int, ...]:

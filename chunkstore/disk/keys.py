@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.identity import ENGINE_KEY_BYTES, ModelIdentity
 
 KEY_SIZE_BYTES = 32
 DEFAULT_NAMESPACE = "default"
@@ -34,6 +34,7 @@ TAG_LAYOUT_VERSION = 0x07
 TAG_TP_RANK = 0x08
 TAG_TP_SIZE = 0x09
 TAG_NAMESPACE = 0x0A
+TAG_KEY_SCHEME = 0x0B  # only in an "engine" identity's root: every "tokens" root stays as it was
 TAG_PARENT = 0x10
 TAG_TOKENS = 0x11
 
@@ -87,6 +88,8 @@ def root_key(identity: ModelIdentity, namespace: str = DEFAULT_NAMESPACE) -> byt
     h.update(_uint_field(TAG_TP_RANK, identity.tp_rank))
     h.update(_uint_field(TAG_TP_SIZE, identity.tp_size))
     h.update(_field(TAG_NAMESPACE, namespace.encode()))
+    if identity.key_scheme != "tokens":
+        h.update(_field(TAG_KEY_SCHEME, identity.key_scheme.encode()))
     return h.digest()
 
 
@@ -147,6 +150,8 @@ def chain_pages(
     ``parent_key`` continues a chain (the key of the page before ``token_ids[0]``); by default the
     chain starts at the root of (identity, namespace).
     """
+    if identity.key_scheme != "tokens":
+        raise ValueError(f"pages of a {identity.key_scheme!r}-keyed identity are named by engine_pages, not tokens")
     parent = root_key(identity, namespace) if parent_key is None else parent_key
     size = identity.page_size
     tokens = list(token_ids)
@@ -161,3 +166,27 @@ def chain_pages(
     parents = [parent, *keys[:-1]]
     return [PageRef(key=k, parent_key=p, token_ids=whole[i * size : (i + 1) * size], namespace=namespace)
             for i, (k, p) in enumerate(zip(keys, parents))]
+
+
+def engine_pages(identity: ModelIdentity, engine_keys: Sequence[bytes],
+                 namespace: str = DEFAULT_NAMESPACE) -> list[PageRef]:
+    """Pages named by an engine's own page keys (``identity.key_scheme == "engine"``), each
+    standing alone: key(page) = H(root, engine key), the root binding the identity and the
+    namespace, and the chunk header carries the engine key (as 8 uint32 ids), which every read
+    compares. The engine's keys must cover their whole prefix themselves (SGLang's do: each hashes
+    the previous one), so equal keys mean equal KV; a page needs no knowledge of the pages before
+    it, which SGLang's copying interface never passes.
+
+    Raises ValueError for a token-keyed identity or a key that is not 32 bytes.
+    """
+    if identity.key_scheme != "engine":
+        raise ValueError("engine_pages needs an identity with key_scheme='engine'")
+    root = root_key(identity, namespace)
+    pages = []
+    for engine_key in engine_keys:
+        if len(engine_key) != ENGINE_KEY_BYTES:
+            raise ValueError(f"an engine page key is {ENGINE_KEY_BYTES} bytes, got {len(engine_key)}")
+        engine_key = bytes(engine_key)
+        pages.append(PageRef(key=page_key(root, engine_key), parent_key=root, token_ids=decode_tokens(engine_key),
+                             namespace=namespace))
+    return pages

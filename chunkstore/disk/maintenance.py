@@ -79,9 +79,9 @@ def check_file(store: ChunkStore, key: bytes, row: ChunkRow | None = None) -> Fi
     return store.verify_file(key, row=row)
 
 
-def _row_from(header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
+def _row_from(store: ChunkStore, header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
     return ChunkRow(key=header.key, parent_key=header.parent_key, namespace=header.namespace,
-                    num_tokens=len(header.token_ids), raw_bytes=header.raw_size_bytes, stored_bytes=size,
+                    num_tokens=store.identity.page_size, raw_bytes=header.raw_size_bytes, stored_bytes=size,
                     created_at=mtime, last_access_at=mtime)
 
 
@@ -165,7 +165,7 @@ def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
         rows = []
         for key, check in zip(orphans, results):
             if check.is_ok:
-                rows.append(_row_from(check.header, check.size_bytes, _mtime(store, key)))
+                rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
             elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.adopted += store.adopt(rows)
@@ -181,7 +181,7 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
         for key, check in zip(batch, results):
             report.scanned += 1
             if check.is_ok:
-                rows.append(_row_from(check.header, check.size_bytes, _mtime(store, key)))
+                rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
             elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.indexed += store.adopt(rows)

@@ -243,8 +243,9 @@ class ChunkStore:
     # -- put -------------------------------------------------------------------------------
 
     def _check_page(self, page: PageRef, tensor: torch.Tensor) -> None:
-        if page.num_tokens != self.identity.page_size:
-            raise ValueError(f"a page holds {self.identity.page_size} tokens, got {page.num_tokens}")
+        if page.num_tokens != self.identity.ids_per_page:
+            raise ValueError(f"a page's key holds {self.identity.ids_per_page} ids ({self.identity.key_scheme}), "
+                             f"got {page.num_tokens}")
         if tensor.dtype != self.torch_dtype:
             raise ValueError(f"page dtype {tensor.dtype}, store holds {self.torch_dtype}")
         if tuple(tensor.shape) != self.identity.page_shape:
@@ -311,7 +312,7 @@ class ChunkStore:
                     return
                 now = time.time()
                 rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
-                                 num_tokens=todo[k][0].num_tokens, raw_bytes=self.identity.page_size_bytes,
+                                 num_tokens=self.identity.page_size, raw_bytes=self.identity.page_size_bytes,
                                  stored_bytes=written[k][1], created_at=now, last_access_at=now)
                          for k in admitted]
                 step = "publish"
