@@ -1,0 +1,384 @@
+"""chunkstore as SGLang's HiCache storage tier (L3): a ``HiCacheStorage`` backend over a ChunkStore.
+
+SGLang loads it with ``--hicache-storage-backend dynamic --hicache-storage-backend-extra-config
+'{"backend_name": "chunkstore", "module_path": "chunkstore.integrations.sglang", "class_name":
+"ChunkstoreHiCache", "interface_v1": 1, "disk_path": "/data/kv"}'`` (docs/INTEGRATIONS.md has the
+settings). Invariants: a page is stored under a key bound to the model identity SGLang describes
+(model, TP/PP/CP/DP ranks, KV dtype and shape) and the namespace, beside SGLang's own page hash,
+so two models, ranks or tenants never share a chunk; every read is verified (a bad chunk is a miss
+for it and the pages after it, never wrong bytes); a set returns once its pages are copied out of
+the host pool, and the writer thread publishes them (a page is a hit only once published, so a
+write that fails is a miss later, never garbage). Uses the store's public methods only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, engine_pages,
+                             store_root)
+from chunkstore.priority import ThreadPriority, lower_this_thread
+from chunkstore.sizes import parse_bytes
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "chunkstore"
+LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+# The extra-config keys SGLang itself reads (the factory's and the controller's), left alone here.
+_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """What the extra config sets; ``from_extra_config`` raises ValueError naming a bad key."""
+
+    disk_path: Path = Path("chunkstore-data")
+    disk_size_bytes: int | None = None  # the store's capacity (None: unbounded)
+    namespace: str = DEFAULT_NAMESPACE
+    quota_bytes: int | None = None  # this namespace's share of the store
+    compression: Codec | None = None  # None: by dtype (zstd_split for 16-bit KV)
+    durability: Durability = Durability.FSYNC
+    background_priority: ThreadPriority = ThreadPriority.IDLE
+    max_pending_bytes: int = 1 << 30  # pages copied out and not yet written; a set waits above it
+
+    @classmethod
+    def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendSettings":
+        extra = dict(extra or {})
+        known = {f for f in cls.__dataclass_fields__} - {"disk_size_bytes", "quota_bytes", "max_pending_bytes"}
+        known |= {"disk_size", "quota", "max_pending"}
+        unknown = set(extra) - known - _SGLANG_KEYS
+        if unknown:
+            raise ValueError(f"unknown chunkstore settings in the extra config: {sorted(unknown)}; "
+                             f"known: {sorted(known)}")
+        kw: dict[str, Any] = {}
+        if "disk_path" in extra:
+            kw["disk_path"] = Path(str(extra["disk_path"])).expanduser()
+        for name, attr in (("disk_size", "disk_size_bytes"), ("quota", "quota_bytes"), ("max_pending", "max_pending_bytes")):
+            if extra.get(name) is not None:
+                kw[attr] = parse_bytes(extra[name])
+        if "namespace" in extra:
+            if not isinstance(extra["namespace"], str) or not extra["namespace"]:
+                raise ValueError(f"namespace must be a non-empty string, got {extra['namespace']!r}")
+            kw["namespace"] = extra["namespace"]
+        if extra.get("compression") not in (None, "auto"):
+            kw["compression"] = Codec.parse(extra["compression"])
+        if "durability" in extra:
+            kw["durability"] = Durability.parse(extra["durability"])
+        if "background_priority" in extra:
+            kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
+        return cls(**kw)
+
+
+def identity_for(config: HiCacheStorageConfig, host_pool: Any) -> ModelIdentity:
+    """The model identity of the pages ``host_pool`` holds on this rank: SGLang's keys name a prefix
+    only, so the model, every parallel rank that splits the KV and the pool's geometry go here.
+    Raises ValueError for a pool this backend cannot store (MLA, a K width unlike the V width, a
+    layout other than LAYOUTS, a dtype the store has no code for)."""
+    if config.is_mla_model:
+        raise ValueError("MLA (rank-replicated) KV is not supported by the chunkstore backend yet")
+    layout = getattr(host_pool, "layout", None)
+    if layout not in LAYOUTS:
+        raise ValueError(f"host pool layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if getattr(host_pool, "v_head_dim", host_pool.head_dim) != host_pool.head_dim:
+        raise ValueError(f"K width {host_pool.head_dim} and V width {host_pool.v_head_dim} differ")
+    dtype = str(host_pool.dtype).removeprefix("torch.")  # ModelIdentity refuses one it has no code for
+    model = config.model_name or "unnamed"
+    # TP is the identity's own field; the other ranks that split or replicate the KV go in the id.
+    ranks = (f"pp={config.pp_rank}/{config.pp_size}:cp={config.attn_cp_rank}/{config.attn_cp_size}:"
+             f"dp={config.dp_rank}")
+    return ModelIdentity(model_id=f"sglang:{model}:{ranks}", kv_dtype=dtype, num_layers=host_pool.layer_num,
+                         num_kv_heads=host_pool.head_num, head_dim=host_pool.head_dim,
+                         page_size=host_pool.page_size, tp_rank=config.tp_rank, tp_size=config.tp_size,
+                         key_scheme="engine")
+
+
+class PageViews:
+    """The host pool's pages as tensors of the store's page shape ``(layers, 2, page, heads, dim)``:
+    views into the pool's buffer (no copy), for each of SGLang's MHA host layouts, and the same
+    for SGLang's flat page (``get_data_page``'s layout-dependent order)."""
+
+    def __init__(self, host_pool: Any):
+        self.pool, self.layout, self.page_size = host_pool, host_pool.layout, host_pool.page_size
+        self.flat_shape = {
+            "layer_first": (2, host_pool.layer_num, self.page_size, host_pool.head_num, host_pool.head_dim),
+            "page_first": (2, self.page_size, host_pool.layer_num, host_pool.head_num, host_pool.head_dim),
+            "page_first_direct": (2, 1, host_pool.layer_num, self.page_size, host_pool.head_num, host_pool.head_dim),
+        }[self.layout]
+
+    def page(self, first_slot: int) -> torch.Tensor:
+        """The page whose first token slot is ``first_slot`` (page-aligned), as a view."""
+        if first_slot % self.page_size:
+            raise ValueError(f"host index {first_slot} is not the start of a page of {self.page_size}")
+        kv = self.pool.kv_buffer
+        if self.layout == "layer_first":  # (2, L, slots, H, D)
+            return kv[:, :, first_slot:first_slot + self.page_size].transpose(0, 1)
+        if self.layout == "page_first":  # (2, slots, L, H, D)
+            return kv[:, first_slot:first_slot + self.page_size].permute(2, 0, 1, 3, 4)
+        return kv[:, first_slot // self.page_size].transpose(0, 1)  # (2, pages, L, P, H, D)
+
+    def pages(self, host_indices: torch.Tensor, num_pages: int) -> list[torch.Tensor]:
+        """The views of the ``num_pages`` pages that ``host_indices`` (token slots, as SGLang
+        passes them: ``page_size`` per page) start."""
+        if len(host_indices) < num_pages * self.page_size:
+            raise ValueError(f"{len(host_indices)} host indices for {num_pages} pages of {self.page_size}")
+        firsts = host_indices[::self.page_size][:num_pages].tolist()
+        return [self.page(int(s)) for s in firsts]
+
+    def from_flat(self, flat: torch.Tensor) -> torch.Tensor:
+        """SGLang's flat page (``get_data_page(flat=True)``) as a page-shaped view."""
+        page = flat.view(self.flat_shape)
+        if self.layout == "layer_first":
+            return page.transpose(0, 1)
+        if self.layout == "page_first":
+            return page.permute(2, 0, 1, 3, 4)
+        return page[:, 0].transpose(0, 1)
+
+
+@dataclass(slots=True)
+class _PendingSet:
+    pages: list[PageRef]
+    tensors: list[torch.Tensor]
+    size_bytes: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    """SGLang's storage metrics since the last ``get_stats``: pages per call and GB/s."""
+
+    prefetch_pgs: list[int] = field(default_factory=list)
+    backup_pgs: list[int] = field(default_factory=list)
+    prefetch_bandwidth: list[float] = field(default_factory=list)
+    backup_bandwidth: list[float] = field(default_factory=list)
+
+
+class ChunkstoreHiCache(HiCacheStorage):
+    """SGLang's L3 storage on a chunkstore ChunkStore. Thread-safe (SGLang calls it from its
+    prefetch and backup threads at once). The store opens once the host pool is registered (its
+    geometry is the identity); every call before that raises RuntimeError."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None):
+        self.storage_config = storage_config
+        self.settings = BackendSettings.from_extra_config(storage_config.extra_config)
+        self.is_writer = storage_config.is_storage_writer
+        self.store: ChunkStore | None = None
+        self.identity: ModelIdentity | None = None
+        self.views: PageViews | None = None
+        self._pending: deque[_PendingSet] = deque()
+        self._pending_bytes = 0
+        self._in_write = 0  # sets taken by the writer and not finished
+        self._changed = threading.Condition()
+        self._counters = _Counters()
+        self._is_closed = False
+        self._writer: threading.Thread | None = None
+
+    # ---- set-up ----------------------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Open the store of this rank's identity in ``disk_path`` (``store_root``: one data folder
+        holds any model and rank) and start the writer. Raises ValueError for a pool it cannot
+        store, and what ChunkStore raises (a store that another process is writing: StoreBusyError)."""
+        super().register_mem_pool_host(mem_pool_host)
+        identity = identity_for(self.storage_config, mem_pool_host)
+        s = self.settings
+        self.views = PageViews(mem_pool_host)
+        self.store = ChunkStore(store_root(s.disk_path, identity), identity, capacity_bytes=s.disk_size_bytes,
+                                codec=s.compression, durability=s.durability, background_priority=s.background_priority)
+        self.identity = identity
+        if s.quota_bytes is not None:
+            self.store.set_quota(s.namespace, s.quota_bytes)
+        self._writer = threading.Thread(target=self._write_loop, name="chunkstore-sglang-writer", daemon=True)
+        self._writer.start()
+        log.info("chunkstore HiCache backend: %s at %s", identity.model_id, self.store.root)
+
+    def _pages(self, keys: Sequence[str]) -> list[PageRef]:
+        if self.store is None:
+            raise RuntimeError("the chunkstore backend has no host pool registered yet")
+        return engine_pages(self.identity, [bytes.fromhex(k) for k in keys], self.settings.namespace)
+
+    # ---- the zero-copy interface (interface_v1) --------------------------------------------------
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        """How many of ``keys``, from the first, are stored: one index query."""
+        if not keys:
+            return 0
+        return self.store_or_raise().longest_prefix([p.key for p in self._pages(keys)])
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
+        """Read ``keys`` into the host pool's pages at ``host_indices`` (in place, verified, on the
+        store's read threads). A page after a miss is reported missed too (SGLang uses the
+        contiguous prefix only)."""
+        if not keys:
+            return []
+        started = time.perf_counter()
+        pages = self._pages(keys)
+        hits = self.store_or_raise().get_into(pages, self.views.pages(host_indices, len(keys)))
+        if False in hits:
+            first = hits.index(False)
+            hits = hits[:first] + [False] * (len(hits) - first)
+        self._count(self._counters.prefetch_pgs, self._counters.prefetch_bandwidth, sum(hits), started)
+        return hits
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
+        """Copy the pages at ``host_indices`` out of the host pool and queue them for the writer;
+        returns once copied (waits first while ``max_pending`` bytes are queued). A rank that is
+        not SGLang's storage writer (MLA replicas) stores nothing and reports success."""
+        if not keys:
+            return []
+        if not self.is_writer:
+            return [True] * len(keys)
+        started = time.perf_counter()
+        copies = [v.contiguous().clone() if v.is_contiguous() else v.contiguous()
+                  for v in self.views.pages(host_indices, len(keys))]
+        self._enqueue(self._pages(keys), copies)
+        self._count(self._counters.backup_pgs, self._counters.backup_bandwidth, len(keys), started)
+        return [True] * len(keys)
+
+    # ---- the copying interface -------------------------------------------------------------------
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
+        got = self.batch_get([key], [target_location] if target_location is not None else None)
+        return got[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[torch.Tensor | None]:
+        """Each key's page as SGLang's flat page (into ``target_locations`` when given), or None;
+        None for every page after the first miss."""
+        if not keys:
+            return []
+        started = time.perf_counter()
+        flats = list(target_locations) if target_locations is not None else [
+            torch.empty(self.views.flat_shape, dtype=self.store_or_raise().torch_dtype).flatten() for _ in keys]
+        hits = self.store_or_raise().get_into(self._pages(keys), [self.views.from_flat(f) for f in flats])
+        out: list[torch.Tensor | None] = []
+        for flat, hit in zip(flats, hits):
+            if not hit or (out and out[-1] is None):
+                out.append(None)
+            else:
+                out.append(flat)
+        self._count(self._counters.prefetch_pgs, self._counters.prefetch_bandwidth,
+                    sum(o is not None for o in out), started)
+        return out
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        """Store SGLang's flat pages ``values`` (copied, then written by the writer thread)."""
+        if not keys:
+            return True
+        if not self.is_writer:
+            return True
+        if values is None or len(values) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {0 if values is None else len(values)} values")
+        started = time.perf_counter()
+        copies = [self.views.from_flat(v.detach().to("cpu")).contiguous() for v in values]
+        self._enqueue(self._pages(keys), copies)
+        self._count(self._counters.backup_pgs, self._counters.backup_bandwidth, len(keys), started)
+        return True
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ---- maintenance and metrics -----------------------------------------------------------------
+
+    def clear(self) -> bool:
+        """Drop every page of this backend's namespace (after the queued writes land)."""
+        self.flush()
+        self.store_or_raise().delete_namespace(self.settings.namespace)
+        return True
+
+    def get_stats(self):
+        """SGLang's ``StorageMetrics`` since the last call: pages per get/set call and GB/s."""
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+
+        metrics = StorageMetrics()
+        with self._changed:
+            counters, self._counters = self._counters, _Counters()
+        metrics.prefetch_pgs.extend(counters.prefetch_pgs)
+        metrics.backup_pgs.extend(counters.backup_pgs)
+        metrics.prefetch_bandwidth.extend(counters.prefetch_bandwidth)
+        metrics.backup_bandwidth.extend(counters.backup_bandwidth)
+        return metrics
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued set is written (published or failed); False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._changed:
+            while self._pending or self._in_write:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued, stop the writer, close the store. Idempotent."""
+        with self._changed:
+            if self._is_closed:
+                return
+            self._is_closed = True
+            self._changed.notify_all()
+        if self._writer is not None:
+            self._writer.join()
+        if self.store is not None:
+            self.store.close()
+
+    def store_or_raise(self) -> ChunkStore:
+        if self.store is None:
+            raise RuntimeError("the chunkstore backend has no host pool registered yet")
+        return self.store
+
+    # ---- the writer ------------------------------------------------------------------------------
+
+    def _enqueue(self, pages: list[PageRef], tensors: list[torch.Tensor]) -> None:
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        with self._changed:
+            if self._is_closed:
+                raise RuntimeError("the chunkstore backend is closed")
+            while self._pending_bytes and self._pending_bytes + size > self.settings.max_pending_bytes:
+                self._changed.wait()  # backpressure on SGLang's backup thread, not its scheduler
+            self._pending.append(_PendingSet(pages, tensors, size))
+            self._pending_bytes += size
+            self._changed.notify_all()
+
+    def _write_loop(self) -> None:
+        lower_this_thread(self.settings.background_priority)
+        while True:
+            with self._changed:
+                while not self._pending and not self._is_closed:
+                    self._changed.wait()
+                if not self._pending:
+                    return  # closed and drained
+                batch = self._pending.popleft()
+                self._in_write += 1
+            try:
+                result = self.store.put(batch.pages, batch.tensors)
+                if result.failed:
+                    log.warning("chunkstore: %d of %d pages not stored: %s", len(result.failed), len(batch.pages),
+                                next(iter(result.failed.values())))
+            except Exception:  # the pages are misses later; the writer goes on
+                log.exception("chunkstore: writing %d pages failed", len(batch.pages))
+            finally:
+                with self._changed:
+                    self._in_write -= 1
+                    self._pending_bytes -= batch.size_bytes
+                    self._changed.notify_all()
+
+    def _count(self, pages_list: list[int], bandwidth: list[float], num_pages: int, started: float) -> None:
+        if not self.storage_config.enable_storage_metrics:
+            return
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        with self._changed:
+            pages_list.append(num_pages)
+            bandwidth.append(num_pages * self.identity.page_size_bytes / elapsed / 1e9)

@@ -1,0 +1,222 @@
+"""chunkstore as SGLang's HiCache L3 backend, driven by SGLang's own HiCacheController on CPU
+(chunkstore/testing/sglang_harness.py): write-through, prefetch, restart, isolation of models,
+ranks, namespaces and salts, corruption, both interfaces, every MHA host layout.
+
+Run in the SGLang environment (scripts/sglang_env.sh builds it):
+    .venv-sglang/bin/python -m pytest -q -p no:cacheprovider tests/integrations
+Skipped entirely where SGLang is not installed (the main suite).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+pytest.importorskip("sglang")
+torch = pytest.importorskip("torch")
+
+from sglang.srt.mem_cache.utils import storage_namespace_seed  # noqa: E402
+
+from chunkstore import ChunkStore  # noqa: E402
+from chunkstore.disk.store_folder import read_identity  # noqa: E402
+from chunkstore.integrations.sglang import BackendSettings, ChunkstoreHiCache  # noqa: E402
+from chunkstore.testing import sglang_harness as H  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+NUM_PAGES = 5
+PAGE_SIZE = 16
+
+
+def extra_config(data, **more) -> dict:
+    return {"backend_name": "chunkstore", "module_path": "chunkstore.integrations.sglang",
+            "class_name": "ChunkstoreHiCache", "interface_v1": 1, "disk_path": str(data), **more}
+
+
+@pytest.fixture(params=H.CONTROLLER_KINDS)
+def kind(request):
+    return request.param
+
+
+@pytest.fixture
+def data(tmp_path):
+    return tmp_path / "kv"
+
+
+@pytest.fixture
+def make(tmp_path, data, kind):
+    """make(layout, **kw) -> a harness over the chunkstore backend; all closed (threads joined) at the end."""
+    made = []
+
+    def _make(layout="layer_first", *, config=None, **kw):
+        h = H.make_controller(tmp_path, layout=layout, backend_extra_config=config or extra_config(data),
+                              page_size=PAGE_SIZE, controller_kind=kind, **kw)
+        made.append(h)
+        return h
+
+    before = set(threading.enumerate())
+    yield _make
+    for h in made:
+        h.close()
+    leftover = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    assert not leftover, f"threads left running: {leftover}"
+
+
+def written(h, num_pages=NUM_PAGES, seed=0, last_hash=None):
+    """Write ``num_pages`` known pages through to chunkstore and wait until they are published."""
+    tokens = H.make_tokens(num_pages, PAGE_SIZE, seed=seed)
+    idx, pages = H.fill_host_pages(h, num_pages, seed=seed + 100)
+    assert H.write_through(h, tokens, idx, last_hash=last_hash) == num_pages * PAGE_SIZE
+    assert h.storage_backend.flush(timeout_s=30)
+    return tokens, pages
+
+
+def assert_pages(h, host_indices, expected):
+    got = H.read_host_pages(h, host_indices)
+    assert len(got) == len(expected)
+    for i, (a, b) in enumerate(zip(got, expected)):
+        assert H.pages_equal(a, b), f"page {i} differs"
+
+
+@pytest.mark.parametrize("layout", H.LAYOUTS)
+def test_write_through_then_prefetch_is_byte_equal(make, layout):
+    h = make(layout)
+    assert isinstance(h.storage_backend, ChunkstoreHiCache)
+    tokens, pages = written(h)
+    assert h.storage_backend.store.num_chunks() == NUM_PAGES
+    fetched, idx = H.prefetch(h, tokens)
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, idx, pages)
+    longer = tokens + H.make_tokens(2, PAGE_SIZE, seed=50)  # only the stored prefix hits
+    fetched, idx = H.prefetch(h, longer)
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, idx, pages)
+    assert H.prefetch(h, H.make_tokens(2, PAGE_SIZE, seed=51))[0] == 0
+
+
+@pytest.mark.parametrize("layout", H.LAYOUTS)
+def test_the_copying_interface_round_trips_too(make, data, layout):
+    h = make(layout, config=extra_config(data, interface_v1=0))
+    tokens, pages = written(h)
+    fetched, idx = H.prefetch(h, tokens)
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, idx, pages)
+
+
+def test_a_restart_serves_what_the_first_controller_wrote_in_any_layout(make):
+    h1 = make("layer_first")
+    tokens, pages = written(h1)
+    h1.close()  # detach: the backend's close writes what is queued and closes the store
+    for layout in ("page_first", "page_first_direct"):  # pages are stored layout-free
+        h = make(layout)
+        fetched, idx = H.prefetch(h, tokens)
+        assert fetched == NUM_PAGES * PAGE_SIZE, layout
+        assert_pages(h, idx, pages)
+        h.close()
+
+
+def test_a_chained_write_is_found_by_one_prefetch(make):
+    h = make()
+    first, pages1 = written(h, 2, seed=1)
+    second, pages2 = written(h, 3, seed=2, last_hash=H.page_hashes(h, first)[-1])
+    fetched, idx = H.prefetch(h, first + second)
+    assert fetched == 5 * PAGE_SIZE
+    assert_pages(h, idx, pages1 + pages2)
+
+
+@pytest.mark.parametrize("change", [
+    {"model_name": "another-model"},
+    {"tp_rank": 1, "tp_size": 2},
+    {"config": "namespace"},
+])
+def test_models_ranks_and_namespaces_never_share_a_chunk(make, data, change):
+    h1 = make(tp_size=2) if "tp_rank" in change else make()
+    tokens, _ = written(h1)
+    h1.close()
+    kw = dict(change)
+    if kw.pop("config", None):
+        kw["config"] = extra_config(data, namespace="tenant-b")
+    h2 = make(**kw)
+    assert H.prefetch(h2, tokens)[0] == 0
+
+
+def test_two_salts_never_share_a_chunk(make):
+    h = make()
+    salt_a, salt_b = (storage_namespace_seed(None, s) for s in ("salt-a", "salt-b"))
+    tokens, pages = written(h, last_hash=salt_a)
+    assert H.prefetch(h, tokens, last_hash=salt_b)[0] == 0
+    fetched, idx = H.prefetch(h, tokens, last_hash=salt_a)
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, idx, pages)
+
+
+@pytest.mark.parametrize("layout", H.LAYOUTS)
+def test_a_corrupt_chunk_is_a_miss_for_it_and_its_suffix(make, layout):
+    h = make(layout)
+    tokens, pages = written(h)
+    backend = h.storage_backend
+    third = backend._pages([H.page_hashes(h, tokens)[2]])[0]
+    path = backend.store.payloads.path_for(third.key)
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    fetched, idx = H.prefetch(h, tokens)
+    assert fetched == 2 * PAGE_SIZE  # the pages before it, byte-equal; nothing after it
+    assert_pages(h, idx, pages[:2])
+    assert H.prefetch(h, tokens)[0] == 2 * PAGE_SIZE  # quarantined: now a miss at exists already
+
+
+def test_the_store_holds_sglangs_identity_and_the_cli_reads_it_while_sglang_writes(make, data):
+    h = make(model_name="Qwen/Qwen3-8B")
+    written(h)
+    identity = read_identity(data)
+    assert identity.key_scheme == "engine" and identity.model_id.startswith("sglang:Qwen/Qwen3-8B:")
+    assert (identity.num_layers, identity.num_kv_heads, identity.head_dim, identity.page_size) == (2, 2, 64, 16)
+    out = subprocess.run([sys.executable, "-m", "chunkstore", "stats", "--disk-path", str(data), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["num_chunks"] == NUM_PAGES
+    with ChunkStore(data, identity, read_only=True) as reader:  # beside the writer SGLang holds
+        assert reader.num_chunks() == NUM_PAGES
+
+
+def test_clear_and_stats(make):
+    h = make()
+    tokens, _ = written(h)
+    metrics = h.storage_backend.get_stats()
+    assert type(metrics).__name__ == "StorageMetrics"
+    h.storage_backend.clear()
+    assert H.prefetch(h, tokens)[0] == 0
+
+
+def test_bad_settings_name_the_key():
+    with pytest.raises(ValueError, match="unknown chunkstore settings.*'disk_pth'"):
+        BackendSettings.from_extra_config({"disk_pth": "/x"})
+    with pytest.raises(ValueError, match="size"):
+        BackendSettings.from_extra_config({"disk_size": "lots"})
+    with pytest.raises(ValueError, match="zstd"):
+        BackendSettings.from_extra_config({"compression": "lz4"})
+    s = BackendSettings.from_extra_config({"disk_size": "1GiB", "quota": "10MiB", "namespace": "t",
+                                           "interface_v1": 1, "backend_name": "chunkstore"})
+    assert (s.disk_size_bytes, s.quota_bytes, s.namespace) == (2**30, 10 * 2**20, "t")
+
+
+def test_every_setting_and_the_launch_line_are_documented():
+    from pathlib import Path
+    import importlib
+    import re
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "INTEGRATIONS.md").read_text()
+    documented = set(re.findall(r"^\| `(\w+)` \|", doc, re.M))
+    keys = {"disk_size" if f == "disk_size_bytes" else "quota" if f == "quota_bytes"
+            else "max_pending" if f == "max_pending_bytes" else f for f in BackendSettings.__dataclass_fields__}
+    assert keys == documented
+    launch = re.search(r"--hicache-storage-backend-extra-config '(.*?)'", doc, re.S).group(1)
+    config = json.loads(launch)
+    cls = getattr(importlib.import_module(config["module_path"]), config["class_name"])
+    assert cls is ChunkstoreHiCache and config["interface_v1"] == 1
+    BackendSettings.from_extra_config(config)  # the documented keys are accepted
