@@ -81,21 +81,32 @@ class BackendSettings:
 
 def identity_for(config: HiCacheStorageConfig, host_pool: Any) -> ModelIdentity:
     """The model identity of the pages ``host_pool`` holds on this rank: SGLang's keys name a prefix
-    only, so the model, every parallel rank that splits the KV and the pool's geometry go here.
-    Raises ValueError for a pool this backend cannot store (MLA, a K width unlike the V width, a
-    layout other than LAYOUTS, a dtype the store has no code for)."""
-    if config.is_mla_model:
-        raise ValueError("MLA (rank-replicated) KV is not supported by the chunkstore backend yet")
+    only, so the model, every parallel rank that splits the KV and the pool's geometry go here. An
+    MLA model's KV is the same on every tensor-parallel rank (SGLang's "rank-replicated" pools), so
+    its identity has no TP rank: every rank reads the one store its storage-writer rank writes; its
+    latent row of C values is stored as two halves, (layers, 2, page, 1, C/2), a view of the same
+    bytes. Raises ValueError for a pool this backend cannot store (a layout other than LAYOUTS, a K
+    width unlike the V width, an odd MLA width, decode-context-parallel shards, a dtype the store
+    has no code for)."""
     layout = getattr(host_pool, "layout", None)
     if layout not in LAYOUTS:
         raise ValueError(f"host pool layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    if getattr(host_pool, "v_head_dim", host_pool.head_dim) != host_pool.head_dim:
-        raise ValueError(f"K width {host_pool.head_dim} and V width {host_pool.v_head_dim} differ")
-    dtype = str(host_pool.dtype).removeprefix("torch.")  # ModelIdentity refuses one it has no code for
+    if config.dcp_size > 1:
+        raise ValueError("decode-context-parallel KV shards are not supported by the chunkstore backend yet")
     model = config.model_name or "unnamed"
     # TP is the identity's own field; the other ranks that split or replicate the KV go in the id.
     ranks = (f"pp={config.pp_rank}/{config.pp_size}:cp={config.attn_cp_rank}/{config.attn_cp_size}:"
              f"dp={config.dp_rank}")
+    dtype = str(host_pool.dtype).removeprefix("torch.")  # ModelIdentity refuses one it has no code for
+    if config.is_mla_model:
+        width = host_pool.kv_cache_dim
+        if width % 2:
+            raise ValueError(f"an MLA row of {width} values does not split in two halves")
+        return ModelIdentity(model_id=f"sglang:{model}:mla:{ranks}", kv_dtype=dtype, num_layers=host_pool.layer_num,
+                             num_kv_heads=1, head_dim=width // 2, page_size=host_pool.page_size,
+                             key_scheme="engine")
+    if getattr(host_pool, "v_head_dim", host_pool.head_dim) != host_pool.head_dim:
+        raise ValueError(f"K width {host_pool.head_dim} and V width {host_pool.v_head_dim} differ")
     return ModelIdentity(model_id=f"sglang:{model}:{ranks}", kv_dtype=dtype, num_layers=host_pool.layer_num,
                          num_kv_heads=host_pool.head_num, head_dim=host_pool.head_dim,
                          page_size=host_pool.page_size, tp_rank=config.tp_rank, tp_size=config.tp_size,
@@ -104,27 +115,42 @@ def identity_for(config: HiCacheStorageConfig, host_pool: Any) -> ModelIdentity:
 
 class PageViews:
     """The host pool's pages as tensors of the store's page shape ``(layers, 2, page, heads, dim)``:
-    views into the pool's buffer (no copy), for each of SGLang's MHA host layouts, and the same
-    for SGLang's flat page (``get_data_page``'s layout-dependent order)."""
+    views into the pool's buffer (no copy), for each of SGLang's host layouts, MHA or MLA (whose
+    latent row of C values is viewed as two halves of C/2: ``(layers, 2, page, 1, C/2)``), and the
+    same for SGLang's flat page (``get_data_page``'s layout-dependent order)."""
 
-    def __init__(self, host_pool: Any):
-        self.pool, self.layout, self.page_size = host_pool, host_pool.layout, host_pool.page_size
-        self.flat_shape = {
-            "layer_first": (2, host_pool.layer_num, self.page_size, host_pool.head_num, host_pool.head_dim),
-            "page_first": (2, self.page_size, host_pool.layer_num, host_pool.head_num, host_pool.head_dim),
-            "page_first_direct": (2, 1, host_pool.layer_num, self.page_size, host_pool.head_num, host_pool.head_dim),
-        }[self.layout]
+    def __init__(self, host_pool: Any, is_mla: bool):
+        self.pool, self.layout, self.page_size, self.is_mla = host_pool, host_pool.layout, host_pool.page_size, is_mla
+        layers, size = host_pool.layer_num, self.page_size
+        if is_mla:
+            width = host_pool.kv_cache_dim
+            self.flat_shape = {"layer_first": (layers, size, 1, width), "page_first": (size, layers, 1, width),
+                               "page_first_direct": (1, layers, size, 1, width)}[self.layout]
+        else:
+            heads, dim = host_pool.head_num, host_pool.head_dim
+            self.flat_shape = {"layer_first": (2, layers, size, heads, dim), "page_first": (2, size, layers, heads, dim),
+                               "page_first_direct": (2, 1, layers, size, heads, dim)}[self.layout]
 
     def page(self, first_slot: int) -> torch.Tensor:
         """The page whose first token slot is ``first_slot`` (page-aligned), as a view."""
         if first_slot % self.page_size:
             raise ValueError(f"host index {first_slot} is not the start of a page of {self.page_size}")
-        kv = self.pool.kv_buffer
+        kv, end = self.pool.kv_buffer, first_slot + self.page_size
+        if self.is_mla:  # layer_first (L, slots, 1, C), page_first (slots, L, 1, C), direct (pages, L, P, 1, C)
+            if self.layout == "page_first":
+                return self._mla(kv[first_slot:end].transpose(0, 1))
+            page = kv[:, first_slot:end] if self.layout == "layer_first" else kv[first_slot // self.page_size]
+            return self._mla(page)
         if self.layout == "layer_first":  # (2, L, slots, H, D)
-            return kv[:, :, first_slot:first_slot + self.page_size].transpose(0, 1)
+            return kv[:, :, first_slot:end].transpose(0, 1)
         if self.layout == "page_first":  # (2, slots, L, H, D)
-            return kv[:, first_slot:first_slot + self.page_size].permute(2, 0, 1, 3, 4)
+            return kv[:, first_slot:end].permute(2, 0, 1, 3, 4)
         return kv[:, first_slot // self.page_size].transpose(0, 1)  # (2, pages, L, P, H, D)
+
+    @staticmethod
+    def _mla(page: torch.Tensor) -> torch.Tensor:
+        """(L, P, 1, C) -> (L, 2, P, 1, C/2): the two halves of each latent row."""
+        return page.unflatten(-1, (2, page.shape[-1] // 2)).permute(0, 3, 1, 2, 4)
 
     def pages(self, host_indices: torch.Tensor, num_pages: int) -> list[torch.Tensor]:
         """The views of the ``num_pages`` pages that ``host_indices`` (token slots, as SGLang
@@ -137,6 +163,10 @@ class PageViews:
     def from_flat(self, flat: torch.Tensor) -> torch.Tensor:
         """SGLang's flat page (``get_data_page(flat=True)``) as a page-shaped view."""
         page = flat.view(self.flat_shape)
+        if self.is_mla:
+            if self.layout == "page_first":
+                return self._mla(page.transpose(0, 1))
+            return self._mla(page if self.layout == "layer_first" else page[0])
         if self.layout == "layer_first":
             return page.transpose(0, 1)
         if self.layout == "page_first":
@@ -164,7 +194,9 @@ class _Counters:
 class ChunkstoreHiCache(HiCacheStorage):
     """SGLang's L3 storage on a chunkstore ChunkStore. Thread-safe (SGLang calls it from its
     prefetch and backup threads at once). The store opens once the host pool is registered (its
-    geometry is the identity); every call before that raises RuntimeError."""
+    geometry is the identity): for writing on SGLang's storage-writer rank, read-only on the
+    others (MLA replicas, which read what the writer rank stores: until it has made the store,
+    every page is a miss there)."""
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None):
         self.storage_config = storage_config
@@ -173,6 +205,8 @@ class ChunkstoreHiCache(HiCacheStorage):
         self.store: ChunkStore | None = None
         self.identity: ModelIdentity | None = None
         self.views: PageViews | None = None
+        self._root: Path | None = None
+        self._opening = threading.Lock()
         self._pending: deque[_PendingSet] = deque()
         self._pending_bytes = 0
         self._in_write = 0  # sets taken by the writer and not finished
@@ -185,23 +219,41 @@ class ChunkstoreHiCache(HiCacheStorage):
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         """Open the store of this rank's identity in ``disk_path`` (``store_root``: one data folder
-        holds any model and rank) and start the writer. Raises ValueError for a pool it cannot
-        store, and what ChunkStore raises (a store that another process is writing: StoreBusyError)."""
+        holds any model and rank) and, on the writer rank, start the writer. Raises ValueError for a
+        pool it cannot store, and what ChunkStore raises (a store that another process is writing:
+        StoreBusyError)."""
         super().register_mem_pool_host(mem_pool_host)
         identity = identity_for(self.storage_config, mem_pool_host)
-        s = self.settings
-        self.views = PageViews(mem_pool_host)
-        self.store = ChunkStore(store_root(s.disk_path, identity), identity, capacity_bytes=s.disk_size_bytes,
-                                codec=s.compression, durability=s.durability, background_priority=s.background_priority)
+        self.views = PageViews(mem_pool_host, self.storage_config.is_mla_model)
         self.identity = identity
-        if s.quota_bytes is not None:
-            self.store.set_quota(s.namespace, s.quota_bytes)
-        self._writer = threading.Thread(target=self._write_loop, name="chunkstore-sglang-writer", daemon=True)
-        self._writer.start()
-        log.info("chunkstore HiCache backend: %s at %s", identity.model_id, self.store.root)
+        self._root = store_root(self.settings.disk_path, identity)
+        if self.is_writer:
+            s = self.settings
+            self.store = ChunkStore(self._root, identity, capacity_bytes=s.disk_size_bytes, codec=s.compression,
+                                    durability=s.durability, background_priority=s.background_priority)
+            if s.quota_bytes is not None:
+                self.store.set_quota(s.namespace, s.quota_bytes)
+            self._writer = threading.Thread(target=self._write_loop, name="chunkstore-sglang-writer", daemon=True)
+            self._writer.start()
+        log.info("chunkstore HiCache backend: %s at %s (%s)", identity.model_id, self._root,
+                 "writer" if self.is_writer else "reader")
+
+    def _reader(self) -> ChunkStore | None:
+        """The store to read; on a reader rank opened read-only once the writer rank has made it
+        (None before). Raises RuntimeError before the host pool is registered."""
+        if self.identity is None:
+            raise RuntimeError("the chunkstore backend has no host pool registered yet")
+        if self.store is None:
+            with self._opening:
+                if self.store is None and not self._is_closed:
+                    try:
+                        self.store = ChunkStore(self._root, self.identity, read_only=True)
+                    except FileNotFoundError:
+                        return None  # the writer rank has not written anything yet
+        return self.store
 
     def _pages(self, keys: Sequence[str]) -> list[PageRef]:
-        if self.store is None:
+        if self.identity is None:
             raise RuntimeError("the chunkstore backend has no host pool registered yet")
         return engine_pages(self.identity, [bytes.fromhex(k) for k in keys], self.settings.namespace)
 
@@ -209,19 +261,21 @@ class ChunkstoreHiCache(HiCacheStorage):
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many of ``keys``, from the first, are stored: one index query."""
-        if not keys:
+        store = self._reader()
+        if not keys or store is None:
             return 0
-        return self.store_or_raise().longest_prefix([p.key for p in self._pages(keys)])
+        return store.longest_prefix([p.key for p in self._pages(keys)])
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Read ``keys`` into the host pool's pages at ``host_indices`` (in place, verified, on the
         store's read threads). A page after a miss is reported missed too (SGLang uses the
         contiguous prefix only)."""
-        if not keys:
-            return []
+        store = self._reader()
+        if not keys or store is None:
+            return [False] * len(keys)
         started = time.perf_counter()
         pages = self._pages(keys)
-        hits = self.store_or_raise().get_into(pages, self.views.pages(host_indices, len(keys)))
+        hits = store.get_into(pages, self.views.pages(host_indices, len(keys)))
         if False in hits:
             first = hits.index(False)
             hits = hits[:first] + [False] * (len(hits) - first)
@@ -253,12 +307,13 @@ class ChunkstoreHiCache(HiCacheStorage):
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         """Each key's page as SGLang's flat page (into ``target_locations`` when given), or None;
         None for every page after the first miss."""
-        if not keys:
-            return []
+        store = self._reader()
+        if not keys or store is None:
+            return [None] * len(keys)
         started = time.perf_counter()
         flats = list(target_locations) if target_locations is not None else [
-            torch.empty(self.views.flat_shape, dtype=self.store_or_raise().torch_dtype).flatten() for _ in keys]
-        hits = self.store_or_raise().get_into(self._pages(keys), [self.views.from_flat(f) for f in flats])
+            torch.empty(self.views.flat_shape, dtype=store.torch_dtype).flatten() for _ in keys]
+        hits = store.get_into(self._pages(keys), [self.views.from_flat(f) for f in flats])
         out: list[torch.Tensor | None] = []
         for flat, hit in zip(flats, hits):
             if not hit or (out and out[-1] is None):
@@ -293,9 +348,11 @@ class ChunkstoreHiCache(HiCacheStorage):
     # ---- maintenance and metrics -----------------------------------------------------------------
 
     def clear(self) -> bool:
-        """Drop every page of this backend's namespace (after the queued writes land)."""
+        """Drop every page of this backend's namespace (after the queued writes land); on a reader
+        rank nothing (the writer rank's clear does it)."""
         self.flush()
-        self.store_or_raise().delete_namespace(self.settings.namespace)
+        if self.is_writer and self.store is not None:
+            self.store.delete_namespace(self.settings.namespace)
         return True
 
     def get_stats(self):
@@ -331,13 +388,9 @@ class ChunkstoreHiCache(HiCacheStorage):
             self._changed.notify_all()
         if self._writer is not None:
             self._writer.join()
-        if self.store is not None:
-            self.store.close()
-
-    def store_or_raise(self) -> ChunkStore:
-        if self.store is None:
-            raise RuntimeError("the chunkstore backend has no host pool registered yet")
-        return self.store
+        with self._opening:
+            if self.store is not None:
+                self.store.close()
 
     # ---- the writer ------------------------------------------------------------------------------
 

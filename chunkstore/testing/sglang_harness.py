@@ -91,9 +91,9 @@ class Harness:
     """One controller and its pools. ``close()`` stops the storage threads and the process group."""
 
     controller: HiCacheController
-    device_pool: MHATokenToKVPool
+    device_pool: Any  # MHATokenToKVPool, or MLATokenToKVPool with mla_dims
     allocator: TokenToKVPoolAllocator
-    host_pool: MHATokenToKVPoolHost
+    host_pool: Any  # MHATokenToKVPoolHost, or MLATokenToKVPoolHost
     layout: str
     controller_kind: str
     page_size: int
@@ -106,6 +106,7 @@ class Harness:
     extra_config: dict  # what reached the backend's storage_config.extra_config
     last_write: StorageOperation | None = None
     last_prefetch: PrefetchOperation | None = None
+    is_mla: bool = False  # an MLA model: one latent row per token and layer (no K/V split, one "head")
     _exit: ExitStack = field(default_factory=ExitStack)
     _closed: bool = False
 
@@ -116,8 +117,9 @@ class Harness:
 
     @property
     def page_shape(self) -> tuple[int, int, int, int, int]:
-        """Shape of one page as the helpers return it: (K/V, layer, token in page, head, head_dim)."""
-        return (2, self.num_layers, self.page_size, self.num_heads, self.head_dim)
+        """Shape of one page as the helpers return it: (K/V, layer, token in page, head, head_dim);
+        for MLA (1, layer, token in page, 1, latent width)."""
+        return (1 if self.is_mla else 2, self.num_layers, self.page_size, self.num_heads, self.head_dim)
 
     def close(self) -> None:
         """Detach the backend (stops and joins the four storage threads, calls the backend's close()),
@@ -160,6 +162,7 @@ def make_controller(
     io_backend: str | None = None,
     write_policy: str = "write_through",
     controller_kind: str = "base",
+    mla_dims: tuple[int, int] | None = None,
 ) -> Harness:
     """Build a real HiCacheController with ``storage_backend`` attached, on CPU.
 
@@ -167,7 +170,9 @@ def make_controller(
     sizes the device pool (unused by L3 but required by the controller). ``io_backend`` defaults to
     what SGLang uses for the layout (``IO_BACKEND_FOR_LAYOUT``). The gloo process group is initialised
     from a fresh file under ``tmp_path``; no other process group may be live. ``controller_kind``:
-    see ``CONTROLLER_KINDS``.
+    see ``CONTROLLER_KINDS``. ``mla_dims`` = (kv_lora_rank, qk_rope_head_dim) builds an MLA model's
+    pools (``MLATokenToKVPool``, ``MLATokenToKVPoolHost``) instead; ``num_heads``/``head_dim`` are then
+    ignored (one latent row of kv_lora_rank + qk_rope_head_dim per token and layer).
     """
     if controller_kind not in CONTROLLER_KINDS:
         raise ValueError(f"controller_kind must be one of {CONTROLLER_KINDS}, got {controller_kind!r}")
@@ -190,35 +195,63 @@ def make_controller(
         dist.init_process_group("gloo", init_method=f"file://{pg_file}", rank=0, world_size=1)
         exit_stack.callback(lambda: dist.destroy_process_group() if dist.is_initialized() else None)
 
-        device_pool = MHATokenToKVPool(
-            size=device_tokens,
-            page_size=page_size,
-            dtype=dtype,
-            head_num=num_heads,
-            head_dim=head_dim,
-            layer_num=num_layers,
-            device="cpu",
-            enable_memory_saver=False,
-            start_layer=0,
-            end_layer=num_layers - 1,
-        )
+        if mla_dims is not None:
+            from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+            from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+            device_pool = MLATokenToKVPool(
+                size=device_tokens, page_size=page_size, dtype=dtype, kv_lora_rank=mla_dims[0],
+                qk_rope_head_dim=mla_dims[1], layer_num=num_layers, device="cpu", enable_memory_saver=False,
+                start_layer=0, end_layer=num_layers - 1,
+            )
+            num_heads, head_dim = 1, sum(mla_dims)
+        else:
+            device_pool = MHATokenToKVPool(
+                size=device_tokens,
+                page_size=page_size,
+                dtype=dtype,
+                head_num=num_heads,
+                head_dim=head_dim,
+                layer_num=num_layers,
+                device="cpu",
+                enable_memory_saver=False,
+                start_layer=0,
+                end_layer=num_layers - 1,
+            )
         allocator = TokenToKVPoolAllocator(
             size=device_tokens, dtype=dtype, device="cpu", kvcache=device_pool, need_sort=False
         )
-        host_pool = MHATokenToKVPoolHost(
-            device_pool.get_device_pool_infos()[0].buffer_info,
-            host_to_device_ratio=host_tokens / device_tokens,
-            host_size=0,
-            page_size=page_size,
-            layout=layout,
-            pin_memory=False,  # no CUDA: pinning would need a device
-            device="cpu",
-            device_capacity_tokens=device_pool.size,
-            start_layer=device_pool.start_layer,
-            end_layer=device_pool.end_layer,
-            write_back_staging=device_pool.hicache_write_back_staging,
-            host_token_capacity=host_tokens,
-        )
+        if mla_dims is not None:  # as SGLang's hybrid_pool_assembler builds it
+            host_pool = MLATokenToKVPoolHost(
+                device_pool.get_device_pool_infos()[0].buffer_info,
+                host_to_device_ratio=host_tokens / device_tokens,
+                host_size=0,
+                page_size=page_size,
+                layout=layout,
+                pin_memory=False,
+                device="cpu",
+                device_capacity_tokens=device_pool.size,
+                start_layer=device_pool.start_layer,
+                end_layer=device_pool.end_layer,
+                target_layer_num=device_pool.layer_num,
+                override_kv_cache_dim=device_pool.kv_cache_dim,
+                host_token_capacity=host_tokens,
+            )
+        else:
+            host_pool = MHATokenToKVPoolHost(
+                device_pool.get_device_pool_infos()[0].buffer_info,
+                host_to_device_ratio=host_tokens / device_tokens,
+                host_size=0,
+                page_size=page_size,
+                layout=layout,
+                pin_memory=False,  # no CUDA: pinning would need a device
+                device="cpu",
+                device_capacity_tokens=device_pool.size,
+                start_layer=device_pool.start_layer,
+                end_layer=device_pool.end_layer,
+                write_back_staging=device_pool.hicache_write_back_staging,
+                host_token_capacity=host_tokens,
+            )
 
         # The same parsing a server applies to --hicache-storage-backend-extra-config.
         extra_json = json.dumps(backend_extra_config or {})
@@ -279,6 +312,7 @@ def make_controller(
         prefetch_threshold=controller.prefetch_threshold,
         pass_prefix_keys=pass_prefix_keys,
         extra_config=extra_config,
+        is_mla=mla_dims is not None,
         _exit=exit_stack,
     )
 
@@ -291,6 +325,16 @@ def _slot_view(h: Harness, kv: int, layer: int):
     (token-level host indices) for K (kv=0) or V (kv=1) of ``layer``. Writes through the view land in
     the host pool."""
     buf = h.host_pool.kv_buffer
+    if h.is_mla:  # no K/V axis: layer_first [layer, token, 1, dim], page_first [token, layer, 1, dim],
+        # page_first_direct [page, layer, token in page, 1, dim]
+        if h.layout == "layer_first":
+            return buf[layer], lambda s: (s,)
+        if h.layout == "page_first":
+            return buf[:, layer], lambda s: (s,)
+        if h.layout == "page_first_direct":
+            ps = h.page_size
+            return buf[:, layer], lambda s: (s // ps, s % ps)
+        raise ValueError(f"unsupported layout {h.layout!r}")
     if h.layout == "layer_first":  # [2, layer, token, head, dim]
         return buf[kv, layer], lambda s: (s,)
     if h.layout == "page_first":  # [2, token, layer, head, dim]
@@ -317,8 +361,8 @@ def read_host_pages(h: Harness, host_indices: torch.Tensor) -> list[torch.Tensor
     ``h.page_shape`` = (K/V, layer, token in page, head, head_dim), whatever the host layout."""
     idx = _check_pages(h, host_indices)
     n = idx.numel()
-    out = torch.empty((2, h.num_layers, n, h.num_heads, h.head_dim), dtype=h.dtype)
-    for kv in range(2):
+    out = torch.empty((h.page_shape[0], h.num_layers, n, h.num_heads, h.head_dim), dtype=h.dtype)
+    for kv in range(h.page_shape[0]):
         for layer in range(h.num_layers):
             view, index = _slot_view(h, kv, layer)
             out[kv, layer] = view[index(idx)]
@@ -331,7 +375,7 @@ def write_host_pages(h: Harness, host_indices: torch.Tensor, pages: Sequence[tor
     if len(pages) * h.page_size != idx.numel():
         raise ValueError("one page of data per page_size host slots")
     data = torch.cat([p.to(h.dtype).reshape(h.page_shape) for p in pages], dim=2) if pages else None
-    for kv in range(2):
+    for kv in range(h.page_shape[0]):
         for layer in range(h.num_layers):
             view, index = _slot_view(h, kv, layer)
             view[index(idx)] = data[kv, layer]

@@ -193,6 +193,47 @@ def test_clear_and_stats(make):
     assert H.prefetch(h, tokens)[0] == 0
 
 
+MLA = (64, 16)  # kv_lora_rank, qk_rope_head_dim: an 80-value latent row per token and layer
+
+
+@pytest.mark.parametrize("interface_v1", [1, 0])
+@pytest.mark.parametrize("layout", H.LAYOUTS)
+def test_mla_pages_round_trip(make, data, layout, interface_v1):
+    h = make(layout, config=extra_config(data, interface_v1=interface_v1), mla_dims=MLA)
+    assert h.controller.storage_config.is_mla_model
+    tokens, pages = written(h)
+    fetched, idx = H.prefetch(h, tokens)
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, idx, pages)
+    identity = h.storage_backend.identity
+    assert ":mla:" in identity.model_id and (identity.tp_rank, identity.tp_size) == (0, 1)
+    assert (identity.num_kv_heads, identity.head_dim) == (1, sum(MLA) // 2)
+
+
+def test_mla_replicas_write_nothing_and_read_what_the_writer_rank_stored(make):
+    reader = make(mla_dims=MLA, tp_rank=1, tp_size=2)  # before the writer rank made the store
+    assert not reader.storage_backend.is_writer
+    tokens = H.make_tokens(NUM_PAGES, PAGE_SIZE, seed=7)
+    idx, _ = H.fill_host_pages(reader, NUM_PAGES, seed=8)
+    H.write_through(reader, tokens, idx)  # SGLang skips the backup of a replica; the backend would too
+    assert reader.storage_backend.batch_set_v1(H.page_hashes(reader, tokens), idx) == [True] * NUM_PAGES
+    assert H.prefetch(reader, tokens)[0] == 0  # a miss, and no store was made here
+    assert reader.storage_backend.store is None and not (reader.storage_backend.settings.disk_path / "store.json").exists()
+    reader.close()
+    writer = make(mla_dims=MLA, tp_rank=0, tp_size=2)
+    assert writer.storage_backend.is_writer
+    tokens, pages = written(writer)
+    root, identity = writer.storage_backend.store.root, writer.storage_backend.identity
+    writer.close()  # one process group per process: the writer rank's lock is held by a plain writer
+    with ChunkStore(root, identity):
+        reader = make(mla_dims=MLA, tp_rank=1, tp_size=2)
+        fetched, idx = H.prefetch(reader, tokens)
+        assert fetched == NUM_PAGES * PAGE_SIZE
+        assert_pages(reader, idx, pages)
+        assert reader.storage_backend.store.read_only and reader.storage_backend.store.root == root
+        reader.close()
+
+
 def test_bad_settings_name_the_key():
     with pytest.raises(ValueError, match="unknown chunkstore settings.*'disk_pth'"):
         BackendSettings.from_extra_config({"disk_pth": "/x"})
