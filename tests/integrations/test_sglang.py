@@ -10,6 +10,7 @@ Skipped entirely where SGLang is not installed (the main suite).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 import threading
@@ -261,3 +262,25 @@ def test_every_setting_and_the_launch_line_are_documented():
     cls = getattr(importlib.import_module(config["module_path"]), config["class_name"])
     assert cls is ChunkstoreHiCache and config["interface_v1"] == 1
     BackendSettings.from_extra_config(config)  # the documented keys are accepted
+
+
+def test_chunkstore_admin_shows_the_chunks_sglang_is_writing(make, data):
+    import httpx
+
+    from tests.api.test_admin_cli import _admin, _lines, _wait_line
+
+    h = make()
+    written(h)  # SGLang's process holds the store for writing
+    proc = _admin("--disk-path", str(data), "--read-only", "--port", "0")
+    try:
+        err = _lines(proc.stderr)
+        url = _wait_line(err, r"serving .* at (http://127\.0\.0\.1:\d+/api/v1)").group(1)
+        token = Path(_wait_line(err, r"admin token in (\S+)").group(1)).read_text().strip()
+        _wait_line(err, r"Application startup complete")
+        assert httpx.get(url + "/stats", timeout=10).json()["disk"]["num_chunks"] == NUM_PAGES
+        page = httpx.get(url + "/chunks", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+        assert len(page["items"]) == NUM_PAGES
+        assert {c["num_tokens"] for c in page["items"]} == {PAGE_SIZE}
+    finally:
+        proc.terminate()
+        proc.wait(60)
