@@ -255,6 +255,8 @@ COMMANDS = (
             module="chunkstore.bench.tiers"),
     Command(("bench", "multiturn"), "multi-turn chat: hit rate, TTFT, throughput per cache configuration",
             module="chunkstore.bench.multiturn"),
+    Command(("bench", "sglang"), "chunkstore against SGLang's HiCacheFile as HiCache L3: set, get, bytes on disk",
+            module="chunkstore.bench.sglang"),
     Command(("bench", "startup"), "start-up of the CLI and of serve against importing torch and transformers",
             module="chunkstore.bench.startup"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
