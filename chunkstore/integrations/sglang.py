@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,8 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, engine_pages,
                              store_root)
-from chunkstore.priority import ThreadPriority, lower_this_thread
+from chunkstore.integrations.writer import PageWriter
+from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
 
 log = logging.getLogger(__name__)
@@ -175,13 +175,6 @@ class PageViews:
 
 
 @dataclass(slots=True)
-class _PendingSet:
-    pages: list[PageRef]
-    tensors: list[torch.Tensor]
-    size_bytes: int
-
-
-@dataclass(slots=True)
 class _Counters:
     """SGLang's storage metrics since the last ``get_stats``: pages per call and GB/s."""
 
@@ -207,13 +200,10 @@ class ChunkstoreHiCache(HiCacheStorage):
         self.views: PageViews | None = None
         self._root: Path | None = None
         self._opening = threading.Lock()
-        self._pending: deque[_PendingSet] = deque()
-        self._pending_bytes = 0
-        self._in_write = 0  # sets taken by the writer and not finished
-        self._changed = threading.Condition()
+        self._counting = threading.Lock()  # guards the counters
         self._counters = _Counters()
         self._is_closed = False
-        self._writer: threading.Thread | None = None
+        self._writer: PageWriter | None = None
 
     # ---- set-up ----------------------------------------------------------------------------------
 
@@ -233,8 +223,8 @@ class ChunkstoreHiCache(HiCacheStorage):
                                     durability=s.durability, background_priority=s.background_priority)
             if s.quota_bytes is not None:
                 self.store.set_quota(s.namespace, s.quota_bytes)
-            self._writer = threading.Thread(target=self._write_loop, name="chunkstore-sglang-writer", daemon=True)
-            self._writer.start()
+            self._writer = PageWriter(self.store, priority=s.background_priority,
+                                      max_pending_bytes=s.max_pending_bytes, name="chunkstore-sglang-writer")
         log.info("chunkstore HiCache backend: %s at %s (%s)", identity.model_id, self._root,
                  "writer" if self.is_writer else "reader")
 
@@ -293,7 +283,7 @@ class ChunkstoreHiCache(HiCacheStorage):
         started = time.perf_counter()
         copies = [v.contiguous().clone() if v.is_contiguous() else v.contiguous()
                   for v in self.views.pages(host_indices, len(keys))]
-        self._enqueue(self._pages(keys), copies)
+        self._writer.submit(self._pages(keys), copies)
         self._count(self._counters.backup_pgs, self._counters.backup_bandwidth, len(keys), started)
         return [True] * len(keys)
 
@@ -338,7 +328,7 @@ class ChunkstoreHiCache(HiCacheStorage):
             raise ValueError(f"{len(keys)} keys but {0 if values is None else len(values)} values")
         started = time.perf_counter()
         copies = [self.views.from_flat(v.detach().to("cpu")).contiguous() for v in values]
-        self._enqueue(self._pages(keys), copies)
+        self._writer.submit(self._pages(keys), copies)
         self._count(self._counters.backup_pgs, self._counters.backup_bandwidth, len(keys), started)
         return True
 
@@ -360,7 +350,7 @@ class ChunkstoreHiCache(HiCacheStorage):
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
         metrics = StorageMetrics()
-        with self._changed:
+        with self._counting:
             counters, self._counters = self._counters, _Counters()
         metrics.prefetch_pgs.extend(counters.prefetch_pgs)
         metrics.backup_pgs.extend(counters.backup_pgs)
@@ -370,68 +360,24 @@ class ChunkstoreHiCache(HiCacheStorage):
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued set is written (published or failed); False on timeout."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._changed:
-            while self._pending or self._in_write:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._changed.wait(left)
-        return True
+        return self._writer.flush(timeout_s) if self._writer is not None else True
 
     def close(self) -> None:
         """Write what is queued, stop the writer, close the store. Idempotent."""
-        with self._changed:
+        with self._opening:
             if self._is_closed:
                 return
             self._is_closed = True
-            self._changed.notify_all()
         if self._writer is not None:
-            self._writer.join()
+            self._writer.close()
         with self._opening:
             if self.store is not None:
                 self.store.close()
-
-    # ---- the writer ------------------------------------------------------------------------------
-
-    def _enqueue(self, pages: list[PageRef], tensors: list[torch.Tensor]) -> None:
-        size = sum(t.numel() * t.element_size() for t in tensors)
-        with self._changed:
-            if self._is_closed:
-                raise RuntimeError("the chunkstore backend is closed")
-            while self._pending_bytes and self._pending_bytes + size > self.settings.max_pending_bytes:
-                self._changed.wait()  # backpressure on SGLang's backup thread, not its scheduler
-            self._pending.append(_PendingSet(pages, tensors, size))
-            self._pending_bytes += size
-            self._changed.notify_all()
-
-    def _write_loop(self) -> None:
-        lower_this_thread(self.settings.background_priority)
-        while True:
-            with self._changed:
-                while not self._pending and not self._is_closed:
-                    self._changed.wait()
-                if not self._pending:
-                    return  # closed and drained
-                batch = self._pending.popleft()
-                self._in_write += 1
-            try:
-                result = self.store.put(batch.pages, batch.tensors)
-                if result.failed:
-                    log.warning("chunkstore: %d of %d pages not stored: %s", len(result.failed), len(batch.pages),
-                                next(iter(result.failed.values())))
-            except Exception:  # the pages are misses later; the writer goes on
-                log.exception("chunkstore: writing %d pages failed", len(batch.pages))
-            finally:
-                with self._changed:
-                    self._in_write -= 1
-                    self._pending_bytes -= batch.size_bytes
-                    self._changed.notify_all()
 
     def _count(self, pages_list: list[int], bandwidth: list[float], num_pages: int, started: float) -> None:
         if not self.storage_config.enable_storage_metrics:
             return
         elapsed = max(time.perf_counter() - started, 1e-9)
-        with self._changed:
+        with self._counting:
             pages_list.append(num_pages)
             bandwidth.append(num_pages * self.identity.page_size_bytes / elapsed / 1e9)

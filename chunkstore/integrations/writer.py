@@ -1,0 +1,99 @@
+"""PageWriter: pages an engine hands over, put into a ChunkStore by one background thread.
+
+Invariants: ``submit`` returns once the pages are queued (the caller has copied them out of the
+engine's memory already), waiting first while ``max_pending_bytes`` are queued, so the engine's
+thread never waits for compression or fsync and memory stays bounded; the thread runs at
+``priority``; a page is visible in the store only once ``put`` published it, so a failed write is
+a miss later, never a partial page; ``flush`` waits until everything submitted has been put (or
+failed); ``close`` writes what is queued and joins the thread. Thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from chunkstore.disk import ChunkStore, PageRef
+from chunkstore.priority import ThreadPriority, lower_this_thread
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Batch:
+    pages: list[PageRef]
+    tensors: list[torch.Tensor]
+    size_bytes: int
+
+
+class PageWriter:
+    def __init__(self, store: ChunkStore, *, priority: ThreadPriority = ThreadPriority.IDLE,
+                 max_pending_bytes: int = 1 << 30, name: str = "chunkstore-writer"):
+        self.store, self.priority, self.max_pending_bytes = store, ThreadPriority.parse(priority), max_pending_bytes
+        self._queue: deque[_Batch] = deque()
+        self._pending_bytes = 0
+        self._in_write = 0  # batches taken by the thread and not finished
+        self._changed = threading.Condition()
+        self._is_closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, pages: list[PageRef], tensors: list[torch.Tensor]) -> None:
+        """Queue ``tensors`` (the caller's own copies) for ``pages``. Raises RuntimeError once closed."""
+        if not pages:
+            return
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        with self._changed:
+            if self._is_closed:
+                raise RuntimeError("the page writer is closed")
+            while self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
+                self._changed.wait()  # backpressure on the engine's saving thread
+            self._queue.append(_Batch(pages, tensors, size))
+            self._pending_bytes += size
+            self._changed.notify_all()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every submitted batch is put (published or failed); False on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._changed:
+            while self._queue or self._in_write:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread. Idempotent; leaves the store open."""
+        with self._changed:
+            self._is_closed = True
+            self._changed.notify_all()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        lower_this_thread(self.priority)
+        while True:
+            with self._changed:
+                while not self._queue and not self._is_closed:
+                    self._changed.wait()
+                if not self._queue:
+                    return  # closed and drained
+                batch = self._queue.popleft()
+                self._in_write += 1
+            try:
+                result = self.store.put(batch.pages, batch.tensors)
+                if result.failed:
+                    log.warning("chunkstore: %d of %d pages not stored: %s", len(result.failed), len(batch.pages),
+                                next(iter(result.failed.values())))
+            except Exception:  # the pages are misses later; the writer goes on
+                log.exception("chunkstore: writing %d pages failed", len(batch.pages))
+            finally:
+                with self._changed:
+                    self._in_write -= 1
+                    self._pending_bytes -= batch.size_bytes
+                    self._changed.notify_all()
