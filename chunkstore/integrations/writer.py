@@ -42,6 +42,12 @@ class PageWriter:
         self._is_closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        # At interpreter exit the store's worker pools stop taking work (concurrent.futures' own
+        # exit hook); this hook runs before it (the hooks run newest first), so what is queued is
+        # written, not dropped, when the engine exits without closing its connector.
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            register(self.close)
 
     def submit(self, pages: list[PageRef], tensors: list[torch.Tensor]) -> None:
         """Queue ``tensors`` (the caller's own copies) for ``pages``. Raises RuntimeError once closed."""
