@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, engine_pages,
                              store_root)
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, store_fields
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
@@ -54,28 +55,14 @@ class BackendSettings:
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendSettings":
         extra = dict(extra or {})
-        known = {f for f in cls.__dataclass_fields__} - {"disk_size_bytes", "quota_bytes", "max_pending_bytes"}
-        known |= {"disk_size", "quota", "max_pending"}
-        unknown = set(extra) - known - _SGLANG_KEYS
-        if unknown:
-            raise ValueError(f"unknown chunkstore settings in the extra config: {sorted(unknown)}; "
-                             f"known: {sorted(known)}")
-        kw: dict[str, Any] = {}
-        if "disk_path" in extra:
-            kw["disk_path"] = Path(str(extra["disk_path"])).expanduser()
-        for name, attr in (("disk_size", "disk_size_bytes"), ("quota", "quota_bytes"), ("max_pending", "max_pending_bytes")):
-            if extra.get(name) is not None:
-                kw[attr] = parse_bytes(extra[name])
+        check_keys(extra, [*STORE_KEYS, "namespace", "quota"], _SGLANG_KEYS, "the extra config")
+        kw = store_fields(extra)
+        if extra.get("quota") is not None:
+            kw["quota_bytes"] = parse_bytes(extra["quota"])
         if "namespace" in extra:
             if not isinstance(extra["namespace"], str) or not extra["namespace"]:
                 raise ValueError(f"namespace must be a non-empty string, got {extra['namespace']!r}")
             kw["namespace"] = extra["namespace"]
-        if extra.get("compression") not in (None, "auto"):
-            kw["compression"] = Codec.parse(extra["compression"])
-        if "durability" in extra:
-            kw["durability"] = Durability.parse(extra["durability"])
-        if "background_priority" in extra:
-            kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
         return cls(**kw)
 
 

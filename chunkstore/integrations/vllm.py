@@ -29,9 +29,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
                                                              KVConnectorRole)
 
 from chunkstore.disk import DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, chain_pages, store_root
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, store_fields
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
-from chunkstore.sizes import parse_bytes
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -57,24 +57,8 @@ class ConnectorSettings:
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "ConnectorSettings":
         extra = dict(extra or {})
-        known = {"disk_path", "disk_size", "compression", "durability", "background_priority", "max_pending"}
-        unknown = set(extra) - known
-        if unknown:
-            raise ValueError(f"unknown chunkstore settings in kv_connector_extra_config: {sorted(unknown)}; "
-                             f"known: {sorted(known)}")
-        kw: dict[str, Any] = {}
-        if "disk_path" in extra:
-            kw["disk_path"] = Path(str(extra["disk_path"])).expanduser()
-        if extra.get("disk_size") is not None:
-            kw["disk_size_bytes"] = parse_bytes(extra["disk_size"])
-        if extra.get("max_pending") is not None:
-            kw["max_pending_bytes"] = parse_bytes(extra["max_pending"])
-        if extra.get("compression") not in (None, "auto"):
-            kw["compression"] = Codec.parse(extra["compression"])
-        if "durability" in extra:
-            kw["durability"] = Durability.parse(extra["durability"])
-        if "background_priority" in extra:
-            kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
+        check_keys(extra, STORE_KEYS, (), "kv_connector_extra_config")
+        kw = store_fields(extra)
         return cls(**kw)
 
 

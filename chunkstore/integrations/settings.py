@@ -1,0 +1,42 @@
+"""The store settings every engine integration takes from its engine's extra config: one parser, so
+the keys mean the same in SGLang's ``--hicache-storage-backend-extra-config`` and vLLM's
+``kv_connector_extra_config``. Raises ValueError naming the key for anything it cannot use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from chunkstore.disk import Codec, Durability
+from chunkstore.priority import ThreadPriority
+from chunkstore.sizes import parse_bytes
+
+# key in the extra config -> the settings field it sets
+STORE_KEYS = {"disk_path": "disk_path", "disk_size": "disk_size_bytes", "compression": "compression",
+              "durability": "durability", "background_priority": "background_priority",
+              "max_pending": "max_pending_bytes"}
+
+
+def check_keys(extra: dict[str, Any], known: Iterable[str], passthrough: Iterable[str], where: str) -> None:
+    """Refuse a key that is neither ``known`` nor the engine's own (``passthrough``)."""
+    unknown = set(extra) - set(known) - set(passthrough)
+    if unknown:
+        raise ValueError(f"unknown chunkstore settings in {where}: {sorted(unknown)}; known: {sorted(known)}")
+
+
+def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
+    """The STORE_KEYS present in ``extra``, parsed, by settings field name."""
+    kw: dict[str, Any] = {}
+    if "disk_path" in extra:
+        kw["disk_path"] = Path(str(extra["disk_path"])).expanduser()
+    for name in ("disk_size", "max_pending"):
+        if extra.get(name) is not None:
+            kw[STORE_KEYS[name]] = parse_bytes(extra[name])
+    if extra.get("compression") not in (None, "auto"):
+        kw["compression"] = Codec.parse(extra["compression"])
+    if "durability" in extra:
+        kw["durability"] = Durability.parse(extra["durability"])
+    if "background_priority" in extra:
+        kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
+    return kw
