@@ -74,3 +74,31 @@ def test_rebuild_and_verify_read_engine_keyed_files(tmp_path):
         assert {r.num_tokens for r in store.iter_rows()} == {IDENTITY.page_size}
         assert verify(store).ok == 3
         assert store.longest_prefix([p.key for p in pages]) == 3
+
+
+def test_a_token_keyed_identity_keeps_the_json_and_folder_it_had_before_key_schemes():
+    import json
+
+    legacy = ModelIdentity("m", "bfloat16", 2, 2, 16, 4)
+    assert "key_scheme" not in json.loads(legacy.to_json())
+    assert ModelIdentity.from_json(legacy.to_json()) == legacy
+    assert json.loads(IDENTITY.to_json())["key_scheme"] == "engine"
+    assert ModelIdentity.from_json(IDENTITY.to_json()) == IDENTITY
+    # The digest of models/<model>-<digest>/ as the first release computed it for this identity.
+    expected = hashlib.blake2b(json.dumps({"model_id": "m", "kv_dtype": "bfloat16", "num_layers": 2,
+                                           "num_kv_heads": 2, "head_dim": 16, "page_size": 4, "layout_version": 1,
+                                           "tp_rank": 0, "tp_size": 1}, sort_keys=True).encode(),
+                               digest_size=6).hexdigest()
+    assert store_root_digest(legacy) == expected
+
+
+def store_root_digest(identity: ModelIdentity) -> str:
+    import tempfile
+    from pathlib import Path
+
+    from chunkstore.disk.store_folder import store_root
+
+    with tempfile.TemporaryDirectory() as d:
+        with ChunkStore(Path(d), ModelIdentity("other", "bfloat16", 2, 2, 16, 4)):
+            pass
+        return store_root(Path(d), identity).name.rsplit("-", 1)[1]

@@ -71,7 +71,7 @@ class SGLangBenchConfig:
     layout: str = "layer_first"
     controller_kind: str = "hybrid"  # what a 0.5.23 server builds for an MHA model
     codec: str | None = None  # chunkstore's; None: the store's default for the dtype
-    background_priority: str | None = None  # chunkstore's writer; None: the backend's default (idle)
+    background_priority: str | None = None  # chunkstore's writer; None: the backend's default (low)
     seed: int = 0
     work_dir: Path | None = None  # parent of the temporary folder
     timeout_s: float = 600.0  # longest wait for one request's write or prefetch, or the flush
@@ -439,8 +439,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=CODECS, default=None,
                         help="chunkstore's compression (default: the store's for the dtype)")
     parser.add_argument("--background-priority", choices=PRIORITIES, default=None,
-                        help="chunkstore's writer thread priority (default: the backend's, idle: SCHED_IDLE, "
-                             "which other work on the machine starves)")
+                        help="chunkstore's writer thread priority (default: the backend's, low: nice 19; idle, "
+                             "SCHED_IDLE, is starved by any other work on the machine)")
     parser.add_argument("--seed", type=int, default=d.seed,
                         help=f"seed of the synthetic KV and tokens (default {d.seed})")
     parser.add_argument("--work-dir", metavar="DIR", type=Path, default=None,

@@ -106,7 +106,13 @@ class ModelIdentity:
         return n * self.itemsize
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """The identity as ``store.json`` keeps it. ``key_scheme`` is left out while it is the
+        default, so a token-keyed identity has the JSON (and the ``store_root`` digest) it had before
+        engine-keyed stores existed, and older versions still read its store."""
+        fields = dataclasses.asdict(self)
+        if fields["key_scheme"] == "tokens":
+            del fields["key_scheme"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "ModelIdentity":

@@ -1,14 +1,18 @@
-"""The store settings every engine integration takes from its engine's extra config: one parser, so
-the keys mean the same in SGLang's ``--hicache-storage-backend-extra-config`` and vLLM's
-``kv_connector_extra_config``. Raises ValueError naming the key for anything it cannot use."""
+"""What every engine integration shares about its store: the settings it takes from its engine's
+extra config (one parser, so the keys mean the same in SGLang's
+``--hicache-storage-backend-extra-config`` and vLLM's ``kv_connector_extra_config``; ValueError
+naming the key for anything it cannot use), and opening the store when the engine's ranks start
+at once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from chunkstore.disk import Codec, Durability
+from chunkstore.disk import (ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError, StoreBusyError,
+                             store_root)
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
 
@@ -40,3 +44,21 @@ def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
     if "background_priority" in extra:
         kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
     return kw
+
+
+def open_writer(disk_path: Path, identity: ModelIdentity, *, wait_s: float = 30.0, **store_kwargs: Any) -> ChunkStore:
+    """Open the store of ``identity`` in the data folder ``disk_path`` for writing (``store_root``).
+
+    The ranks of one engine start together: on a new data folder each sees no store yet and picks
+    the folder itself, one wins, and the others find it busy or another rank's. So a busy or
+    foreign store is retried, its folder looked up again (by then the winner's ``store.json`` says
+    whose it is), for up to ``wait_s``; then the error is raised (StoreBusyError: another process
+    writes this identity's store)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return ChunkStore(store_root(disk_path, identity), identity, **store_kwargs)
+        except (StoreBusyError, ModelMismatchError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, engine_pages,
-                             store_root)
-from chunkstore.integrations.settings import STORE_KEYS, check_keys, store_fields
+from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError,
+                             PageRef, engine_pages, store_root)
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, open_writer, store_fields
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
@@ -34,9 +34,14 @@ from chunkstore.sizes import parse_bytes
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "chunkstore"
+CLEAR_FLUSH_TIMEOUT_S = 60.0  # clear runs on SGLang's control path: it waits this long for queued sets
 LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 # The extra-config keys SGLang itself reads (the factory's and the controller's), left alone here.
-_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
+# (SGLang's server removes its prefetch keys before the backend sees them; its PD decode offload
+# does not, and --file-storage-path adds its own.)
+_SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size", "prefetch_threshold",
+                "prefetch_timeout_base", "prefetch_timeout_per_ki_token", "hicache_storage_pass_prefix_keys",
+                "file_storage_path"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ class BackendSettings:
     quota_bytes: int | None = None  # this namespace's share of the store
     compression: Codec | None = None  # None: by dtype (zstd_split for 16-bit KV)
     durability: Durability = Durability.FSYNC
-    background_priority: ThreadPriority = ThreadPriority.IDLE
+    background_priority: ThreadPriority = ThreadPriority.LOW
     max_pending_bytes: int = 1 << 30  # pages copied out and not yet written; a set waits above it
 
     @classmethod
@@ -206,8 +211,9 @@ class ChunkstoreHiCache(HiCacheStorage):
         self._root = store_root(self.settings.disk_path, identity)
         if self.is_writer:
             s = self.settings
-            self.store = ChunkStore(self._root, identity, capacity_bytes=s.disk_size_bytes, codec=s.compression,
-                                    durability=s.durability, background_priority=s.background_priority)
+            self.store = open_writer(s.disk_path, identity, capacity_bytes=s.disk_size_bytes, codec=s.compression,
+                                     durability=s.durability, background_priority=s.background_priority)
+            self._root = self.store.root
             if s.quota_bytes is not None:
                 self.store.set_quota(s.namespace, s.quota_bytes)
             self._writer = PageWriter(self.store, priority=s.background_priority,
@@ -223,10 +229,11 @@ class ChunkstoreHiCache(HiCacheStorage):
         if self.store is None:
             with self._opening:
                 if self.store is None and not self._is_closed:
-                    try:
-                        self.store = ChunkStore(self._root, self.identity, read_only=True)
-                    except FileNotFoundError:
-                        return None  # the writer rank has not written anything yet
+                    try:  # looked up each time: the writer rank decides the folder when it makes it
+                        self.store = ChunkStore(store_root(self.settings.disk_path, self.identity), self.identity,
+                                                read_only=True)
+                    except (FileNotFoundError, ModelMismatchError):
+                        return None  # the writer rank has not made its store yet
         return self.store
 
     def _pages(self, keys: Sequence[str]) -> list[PageRef]:
@@ -268,8 +275,7 @@ class ChunkstoreHiCache(HiCacheStorage):
         if not self.is_writer:
             return [True] * len(keys)
         started = time.perf_counter()
-        copies = [v.contiguous().clone() if v.is_contiguous() else v.contiguous()
-                  for v in self.views.pages(host_indices, len(keys))]
+        copies = [v.clone(memory_format=torch.contiguous_format) for v in self.views.pages(host_indices, len(keys))]
         self._writer.submit(self._pages(keys), copies)
         self._count(self._counters.backup_pgs, self._counters.backup_bandwidth, len(keys), started)
         return [True] * len(keys)
@@ -314,7 +320,10 @@ class ChunkstoreHiCache(HiCacheStorage):
         if values is None or len(values) != len(keys):
             raise ValueError(f"{len(keys)} keys but {0 if values is None else len(values)} values")
         started = time.perf_counter()
-        copies = [self.views.from_flat(v.detach().to("cpu")).contiguous() for v in values]
+        # Always a copy of our own: a flat page may be a view of the host pool (MLA, page_first), and
+        # the writer encodes it later, after SGLang may have reused the slot.
+        copies = [self.views.from_flat(v.detach().to("cpu")).clone(memory_format=torch.contiguous_format)
+                  for v in values]
         self._writer.submit(self._pages(keys), copies)
         self._count(self._counters.backup_pgs, self._counters.backup_bandwidth, len(keys), started)
         return True
@@ -327,7 +336,8 @@ class ChunkstoreHiCache(HiCacheStorage):
     def clear(self) -> bool:
         """Drop every page of this backend's namespace (after the queued writes land); on a reader
         rank nothing (the writer rank's clear does it)."""
-        self.flush()
+        if not self.flush(timeout_s=CLEAR_FLUSH_TIMEOUT_S):
+            log.warning("chunkstore: clear did not wait for every queued set; later ones may stay stored")
         if self.is_writer and self.store is not None:
             self.store.delete_namespace(self.settings.namespace)
         return True

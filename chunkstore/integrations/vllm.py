@@ -28,8 +28,9 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                              KVConnectorRole)
 
-from chunkstore.disk import DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, chain_pages, store_root
-from chunkstore.integrations.settings import STORE_KEYS, check_keys, store_fields
+from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError,
+                             PageRef, chain_pages, store_root)
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, open_writer, store_fields
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
+
+TRANSFER_PAGES = 64  # blocks staged per load or save batch: bounds the memory a long prompt needs
 
 
 # ---- settings and identity -------------------------------------------------------------------------
@@ -51,7 +54,7 @@ class ConnectorSettings:
     disk_size_bytes: int | None = None
     compression: Codec | None = None
     durability: Durability = Durability.FSYNC
-    background_priority: ThreadPriority = ThreadPriority.IDLE
+    background_priority: ThreadPriority = ThreadPriority.LOW
     max_pending_bytes: int = 1 << 30
 
     @classmethod
@@ -65,9 +68,15 @@ class ConnectorSettings:
 def identity_for(vllm_config: "VllmConfig", tp_rank: int) -> ModelIdentity:
     """The identity of the blocks this rank's KV cache holds (the scheduler uses rank 0's)."""
     model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+    if parallel.pipeline_parallel_size > 1:
+        raise ValueError("pipeline parallelism is not supported by the chunkstore connector yet")
     dtype = model.dtype if cache.cache_dtype in (None, "auto") else cache.cache_dtype
     dtype = str(dtype).removeprefix("torch.")
-    model_id = f"vllm:{model.model}@{model.revision or 'default'}:pp={parallel.pipeline_parallel_size}"
+    # The weights are named by model and revision (and quantization): a local folder whose weights
+    # are replaced under the same path needs a new data folder (docs/INTEGRATIONS.md).
+    quantization = getattr(model, "quantization", None) or "none"
+    model_id = (f"vllm:{model.model}@{model.revision or 'default'}:q={quantization}:"
+                f"dp={getattr(parallel, 'data_parallel_rank', 0)}")
     return ModelIdentity(model_id=model_id, kv_dtype=dtype, num_layers=model.get_num_layers(parallel),
                          num_kv_heads=model.get_num_kv_heads(parallel), head_dim=model.get_head_size(),
                          page_size=cache.block_size, tp_rank=tp_rank, tp_size=parallel.tensor_parallel_size)
@@ -86,8 +95,10 @@ def namespace_for(cache_salt: str | None) -> str:
 class PagedKV:
     """vLLM's per-layer paged KV tensors, read and written a batch of blocks at a time as pages of
     shape ``(layers, 2, block, heads, dim)``: one indexed copy per layer, no loop per token. Knows
-    the CPU backend's ``(blocks, heads, block, 2 * dim)`` and the CUDA backends'
-    ``(2, blocks, block, heads, dim)``. Raises ValueError for another layout."""
+    the CPU backend's ``(blocks, heads, block, 2 * dim)`` (which its attention reads as
+    ``(blocks, heads, 2 * block, dim)``: K rows, then V rows) and the FlashAttention backends'
+    ``(2, blocks, block, heads, dim)``. Raises ValueError for another layout, or one it cannot tell
+    apart (two blocks)."""
 
     def __init__(self, kv_caches: dict[str, torch.Tensor], identity: ModelIdentity):
         self.layers = list(kv_caches.values())
@@ -97,21 +108,23 @@ class PagedKV:
         first = self.layers[0]
         if first.dim() == 4 and tuple(first.shape[1:]) == (heads, size, 2 * dim):
             self.layout = "cpu"
-        elif first.dim() == 5 and first.shape[0] == 2 and tuple(first.shape[2:]) == (size, heads, dim):
+        elif (first.dim() == 5 and first.shape[0] == 2 and first.shape[1] != 2
+              and tuple(first.shape[2:]) == (size, heads, dim)):  # (2, blocks, ...), not (blocks, 2, ...)
             self.layout = "flash"
         else:
             raise ValueError(f"unknown paged KV layout {tuple(first.shape)} for blocks of {size} tokens, "
                              f"{heads} heads of {dim}")
         self.page_shape = identity.page_shape
+        self.dtype = first.dtype
 
     def gather(self, block_ids: list[int]) -> torch.Tensor:
         """A copy of the blocks as pages, ``(n, *page_shape)``."""
         n, (_, _, size, heads, dim) = len(block_ids), self.page_shape
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.layers[0].device)
-        out = torch.empty((n, *self.page_shape), dtype=self.layers[0].dtype)
+        out = torch.empty((n, *self.page_shape), dtype=self.dtype)
         for layer, kv in enumerate(self.layers):
-            if self.layout == "cpu":  # (n, H, P, 2D) -> (n, H, P, 2, D) -> (n, 2, P, H, D)
-                out[:, layer] = kv.index_select(0, idx).view(n, heads, size, 2, dim).permute(0, 3, 2, 1, 4)
+            if self.layout == "cpu":  # (n, H, P, 2D) is (n, H, 2, P, D): per head P rows of K, then of V
+                out[:, layer] = kv.index_select(0, idx).view(n, heads, 2, size, dim).permute(0, 2, 3, 1, 4)
             else:  # (2, n, P, H, D) -> (n, 2, P, H, D)
                 out[:, layer] = kv.index_select(1, idx).transpose(0, 1)
         return out
@@ -122,8 +135,8 @@ class PagedKV:
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.layers[0].device)
         for layer, kv in enumerate(self.layers):
             src = pages[:, layer].to(kv.device)
-            if self.layout == "cpu":  # (n, 2, P, H, D) -> (n, H, P, 2, D) -> (n, H, P, 2D)
-                kv.index_copy_(0, idx, src.permute(0, 3, 2, 1, 4).reshape(n, heads, size, 2 * dim))
+            if self.layout == "cpu":  # (n, 2, P, H, D) -> (n, H, 2, P, D), viewed as (n, H, P, 2D)
+                kv.index_copy_(0, idx, src.permute(0, 3, 1, 2, 4).reshape(n, heads, size, 2 * dim))
             else:
                 kv.index_copy_(1, idx, src.transpose(0, 1))
 
@@ -169,11 +182,12 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         self._matched: dict[str, tuple[list[PageRef], int]] = {}  # req_id -> (prompt pages, pages computed before)
         self._loads: list[BlockTransfer] = []
         self._tracked: dict[str, _Tracked] = {}
-        self._salts: dict[str, str | None] = {}  # req_id -> cache_salt, from on_new_request
+        self._namespaces: dict[str, str] = {}  # req_id -> namespace (of its cache_salt), until it finishes
         # worker side
         self.paged: PagedKV | None = None
         self._writer: PageWriter | None = None
         self._load_errors: set[int] = set()
+        self._step_failed = False  # a load of this step failed: its saves are skipped
 
     # ---- the store ---------------------------------------------------------------------------------
 
@@ -187,24 +201,39 @@ class ChunkstoreConnector(KVConnectorBase_V1):
                 if self.store is None:
                     try:
                         self.store = ChunkStore(self._root(), self.identity, read_only=True)
-                    except FileNotFoundError:
-                        return None  # no block saved yet
+                    except (FileNotFoundError, ModelMismatchError):
+                        return None  # the worker has not made its store yet
         return self.store
 
     # ---- scheduler side ------------------------------------------------------------------------------
 
-    def _prompt_pages(self, request: "Request") -> list[PageRef]:
-        tokens = list(request.prompt_token_ids or [])
-        return chain_pages(self.identity, tokens, namespace_for(getattr(request, "cache_salt", None)))
+    @staticmethod
+    def is_cacheable(request: Any) -> bool:
+        """Whether a request's KV is named by its token ids alone: not with images or other
+        multimodal inputs (their placeholder tokens repeat across inputs), prompt embeddings or a
+        LoRA adapter, whose KV the token ids do not determine. Works on a ``Request`` and on the
+        scheduler's ``NewRequestData``."""
+        return not (getattr(request, "mm_features", None) or getattr(request, "lora_request", None)
+                    or getattr(request, "prompt_embeds", None) is not None)
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int, bool]:
         """The prompt tokens past ``num_computed_tokens`` whose blocks the store's index holds,
-        in whole blocks, never the prompt's last token (vLLM needs its logits)."""
-        pages = self._prompt_pages(request)
-        num_prompt = len(request.prompt_token_ids or [])
-        lookable = pages[:max(num_prompt - 1, 0) // self.block_size]
-        store = self._reader()
-        hit = store.longest_prefix([p.key for p in lookable]) if store is not None and lookable else 0
+        in whole blocks, never the prompt's last token (vLLM needs its logits). A store that
+        cannot be read is no match (logged), never an error in vLLM's scheduler."""
+        if not self.is_cacheable(request):
+            return 0, False
+        namespace = namespace_for(getattr(request, "cache_salt", None))
+        self._namespaces[request.request_id] = namespace
+        tokens = list(request.prompt_token_ids or [])
+        pages = chain_pages(self.identity, tokens, namespace)
+        lookable = pages[:max(len(tokens) - 1, 0) // self.block_size]
+        hit = 0
+        if lookable:
+            try:
+                store = self._reader()
+                hit = store.longest_prefix([p.key for p in lookable]) if store is not None else 0
+            except Exception:  # an index mid-creation, a full disk, a damaged database: recompute
+                log.exception("chunkstore: lookup failed; the request is computed")
         self._matched[request.request_id] = (pages, num_computed_tokens // self.block_size)
         return max(hit * self.block_size - num_computed_tokens, 0), False
 
@@ -224,8 +253,10 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         self._loads = []
         scheduled = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
-            pages = chain_pages(self.identity, list(new.prompt_token_ids or []),
-                                namespace_for(self._salts.pop(new.req_id, None)))
+            namespace = self._namespaces.get(new.req_id)
+            if namespace is None or not self.is_cacheable(new):
+                continue  # never looked up (not cacheable), or already finished
+            pages = chain_pages(self.identity, list(new.prompt_token_ids or []), namespace)
             tracked = self._tracked[new.req_id] = _Tracked(pages, list(new.block_ids[0]),
                                                           new.num_computed_tokens // self.block_size)
             self._save_computed(meta, new.req_id, tracked, new.num_computed_tokens + scheduled.get(new.req_id, 0))
@@ -251,14 +282,11 @@ class ChunkstoreConnector(KVConnectorBase_V1):
                                             tracked.block_ids[tracked.num_saved:done]))
             tracked.num_saved = done
 
-    def on_new_request(self, request: "Request") -> None:
-        self._salts[request.request_id] = getattr(request, "cache_salt", None)
-
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict | None]:
         """Forget the request; its saves were queued step by step, so its blocks may be freed now."""
         self._tracked.pop(request.request_id, None)
         self._matched.pop(request.request_id, None)
-        self._salts.pop(request.request_id, None)
+        self._namespaces.pop(request.request_id, None)
         return False, None
 
     # ---- worker side ---------------------------------------------------------------------------------
@@ -274,28 +302,39 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         with self._opening:
             if self.store is not None:  # the scheduler's read-only view in this process
                 self.store.close()
-            self.store = ChunkStore(self._root(), self.identity, capacity_bytes=s.disk_size_bytes,
-                                    codec=s.compression, durability=s.durability,
-                                    background_priority=s.background_priority)
+            self.store = open_writer(s.disk_path, self.identity, capacity_bytes=s.disk_size_bytes,
+                                     codec=s.compression, durability=s.durability,
+                                     background_priority=s.background_priority)
         self._writer = PageWriter(self.store, priority=s.background_priority, max_pending_bytes=s.max_pending_bytes,
                                   name="chunkstore-vllm-writer")
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Load this step's matched blocks into the paged KV before the forward, verified; a block
-        that fails and the ones after it are kept for ``get_block_ids_with_load_errors``."""
+        """Load this step's matched blocks into the paged KV before the forward, verified, at most
+        TRANSFER_PAGES at a time; a block that fails (unreadable, damaged, or a store error) and the
+        ones after it are kept for ``get_block_ids_with_load_errors``, and this step saves nothing
+        (its forward ran on top of those blocks)."""
         meta = self._get_connector_metadata()
+        self._step_failed = False
         for load in meta.loads:
-            if not load.pages:
-                continue
-            staged = torch.empty((len(load.pages), *self.identity.page_shape), dtype=self.paged.layers[0].dtype)
-            hits = self.store.get_into(load.pages, list(staged))
-            good = hits.index(False) if False in hits else len(hits)
-            if good:
-                self.paged.scatter(load.block_ids[:good], staged[:good])
-            if good < len(hits):
+            good = 0
+            try:
+                for start in range(0, len(load.pages), TRANSFER_PAGES):
+                    pages = load.pages[start:start + TRANSFER_PAGES]
+                    staged = torch.empty((len(pages), *self.identity.page_shape), dtype=self.paged.dtype)
+                    hits = self.store.get_into(pages, list(staged))
+                    n = hits.index(False) if False in hits else len(hits)
+                    if n:
+                        self.paged.scatter(load.block_ids[start:start + n], staged[:n])
+                    good = start + n
+                    if n < len(hits):
+                        break
+            except Exception:
+                log.exception("chunkstore: loading blocks of request %s failed", load.req_id)
+            if good < len(load.pages):
                 log.warning("chunkstore: %d of %d blocks of request %s did not load; vLLM recomputes them",
-                            len(hits) - good, len(hits), load.req_id)
+                            len(load.pages) - good, len(load.pages), load.req_id)
                 self._load_errors.update(load.block_ids[good:])
+                self._step_failed = True
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # every block was loaded in start_load_kv
@@ -304,11 +343,20 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         return  # whole blocks are saved after the forward, in wait_for_save
 
     def wait_for_save(self) -> None:
-        """Copy the prompt blocks this step completed out of the paged KV and queue them."""
+        """Copy the prompt blocks this step completed out of the paged KV, TRANSFER_PAGES at a
+        time, and queue them; nothing when a load of this step failed. A save that cannot be made
+        is a miss later (logged), never an error in vLLM's worker."""
         meta = self._get_connector_metadata()
-        for save in meta.saves:
-            pages = self.paged.gather(save.block_ids)
-            self._writer.submit(save.pages, list(pages))
+        if self._step_failed:
+            self._step_failed = False
+            return
+        try:
+            for save in meta.saves:
+                for start in range(0, len(save.pages), TRANSFER_PAGES):
+                    pages = self.paged.gather(save.block_ids[start:start + TRANSFER_PAGES])
+                    self._writer.submit(save.pages[start:start + TRANSFER_PAGES], list(pages))
+        except Exception:
+            log.exception("chunkstore: saving this step's blocks failed; they are computed again later")
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()

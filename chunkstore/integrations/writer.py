@@ -3,9 +3,12 @@
 Invariants: ``submit`` returns once the pages are queued (the caller has copied them out of the
 engine's memory already), waiting first while ``max_pending_bytes`` are queued, so the engine's
 thread never waits for compression or fsync and memory stays bounded; the thread runs at
-``priority``; a page is visible in the store only once ``put`` published it, so a failed write is
-a miss later, never a partial page; ``flush`` waits until everything submitted has been put (or
-failed); ``close`` writes what is queued and joins the thread. Thread-safe.
+``priority`` (``low`` by default, nice 19: under ``idle`` a thread descheduled while it holds the
+GIL or the index's write lock would stall the engine on a saturated host); a page is visible in
+the store only once ``put`` published it, so a failed write is a miss later, never a partial
+page; ``flush`` waits until everything submitted has been put (or failed, or the thread died);
+``close`` writes what is queued and joins the thread; a ``submit`` after ``close`` raises.
+Thread-safe.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,7 +36,7 @@ class _Batch:
 
 
 class PageWriter:
-    def __init__(self, store: ChunkStore, *, priority: ThreadPriority = ThreadPriority.IDLE,
+    def __init__(self, store: ChunkStore, *, priority: ThreadPriority = ThreadPriority.LOW,
                  max_pending_bytes: int = 1 << 30, name: str = "chunkstore-writer"):
         self.store, self.priority, self.max_pending_bytes = store, ThreadPriority.parse(priority), max_pending_bytes
         self._queue: deque[_Batch] = deque()
@@ -45,9 +49,11 @@ class PageWriter:
         # At interpreter exit the store's worker pools stop taking work (concurrent.futures' own
         # exit hook); this hook runs before it (the hooks run newest first), so what is queued is
         # written, not dropped, when the engine exits without closing its connector.
+        # A weak reference: a writer closed and dropped (a detached backend) is not kept alive.
         register = getattr(threading, "_register_atexit", None)
         if register is not None:
-            register(self.close)
+            ref = weakref.ref(self)
+            register(lambda: (w := ref()) is not None and w.close())
 
     def submit(self, pages: list[PageRef], tensors: list[torch.Tensor]) -> None:
         """Queue ``tensors`` (the caller's own copies) for ``pages``. Raises RuntimeError once closed."""
@@ -55,10 +61,12 @@ class PageWriter:
             return
         size = sum(t.numel() * t.element_size() for t in tensors)
         with self._changed:
-            if self._is_closed:
-                raise RuntimeError("the page writer is closed")
-            while self._pending_bytes and self._pending_bytes + size > self.max_pending_bytes:
-                self._changed.wait()  # backpressure on the engine's saving thread
+            while True:
+                if self._is_closed or not self._thread.is_alive():
+                    raise RuntimeError("the page writer is closed")
+                if not self._pending_bytes or self._pending_bytes + size <= self.max_pending_bytes:
+                    break
+                self._changed.wait(1.0)  # backpressure on the engine's saving thread
             self._queue.append(_Batch(pages, tensors, size))
             self._pending_bytes += size
             self._changed.notify_all()
@@ -68,10 +76,12 @@ class PageWriter:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._changed:
             while self._queue or self._in_write:
+                if not self._thread.is_alive():
+                    return False  # nothing will drain the queue any more
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._changed.wait(left)
+                self._changed.wait(1.0 if left is None else min(left, 1.0))
         return True
 
     def close(self) -> None:

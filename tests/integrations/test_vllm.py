@@ -118,6 +118,34 @@ def test_paged_kv_round_trips_both_layouts():
                                before[k].index_select(block_axis, torch.tensor(keep)))
     with pytest.raises(ValueError, match="layout"):
         PagedKV({"a": torch.zeros(3, 3), "b": torch.zeros(3, 3)}, identity)
+    with pytest.raises(ValueError, match="layout"):  # (2, 2, ...): two blocks or K/V first, cannot tell
+        PagedKV({f"l{i}": torch.zeros(2, 2, BLOCK, 2, 64) for i in range(2)}, identity)
+
+
+def test_the_cpu_layout_is_read_as_vllms_cpu_attention_reads_it():
+    """vLLM's CPU attention views a block (heads, block, 2 * dim) as (heads, 2 * block, dim) and
+    takes its first half of rows as K: the pages must see K as K."""
+    from chunkstore import ModelIdentity
+
+    identity = ModelIdentity("m", "bfloat16", 1, 2, 64, BLOCK)
+    kv = torch.zeros(4, 2, BLOCK, 128, dtype=torch.bfloat16)
+    key_cache, value_cache = kv.view(4, 2, 2 * BLOCK, 64).chunk(2, dim=2)
+    key_cache.fill_(1)
+    value_cache.fill_(2)
+    pages = PagedKV({"layer.0": kv}, identity).gather([0, 3])
+    assert bool((pages[:, :, 0] == 1).all()) and bool((pages[:, :, 1] == 2).all())
+
+
+def test_requests_whose_tokens_do_not_name_their_kv_are_not_cached():
+    from types import SimpleNamespace
+
+    from chunkstore.integrations.vllm import ChunkstoreConnector
+
+    plain = SimpleNamespace(mm_features=[], lora_request=None, prompt_embeds=None)
+    assert ChunkstoreConnector.is_cacheable(plain)
+    assert not ChunkstoreConnector.is_cacheable(SimpleNamespace(mm_features=["image"], lora_request=None))
+    assert not ChunkstoreConnector.is_cacheable(SimpleNamespace(mm_features=[], lora_request="adapter"))
+    assert not ChunkstoreConnector.is_cacheable(SimpleNamespace(prompt_embeds=torch.zeros(1)))
 
 
 def test_bad_settings_name_the_key():
