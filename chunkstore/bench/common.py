@@ -7,6 +7,7 @@ with its measured value and verdict, and only ``--strict`` turns a miss into an 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,3 +81,26 @@ def make_cold(paths: Iterable[Path]) -> str:
 
 def files_under(root: Path) -> list[Path]:
     return [Path(d) / f for d, _, files in os.walk(root) for f in files]
+
+
+def run_bench(args, prog: str, configure, measure, format_table, *, failures: tuple[type[BaseException], ...],
+              failed: str) -> int:
+    """What every benchmark command does around its measurement: ``configure()`` builds the
+    config (ValueError: exit 2, ``prog: error: ...``), ``--output`` is checked before any work,
+    ``measure(cfg)`` runs it (one of ``failures``: exit 1, ``prog: <failed>: ...``), then the table
+    or the JSON is printed and written; exit 1 for a missed target under ``--strict``, else 0."""
+    from chunkstore.output import check_output_path, emit_result
+
+    try:
+        cfg = configure()
+        check_output_path(args)
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = measure(cfg)
+    except failures as exc:
+        print(f"{prog}: {failed}: {exc}", file=sys.stderr)
+        return 1
+    emit_result(args, result, format_table(result))
+    return 1 if args.strict and not result["all_pass"] else 0

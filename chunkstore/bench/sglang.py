@@ -38,8 +38,9 @@ from chunkstore.bench.common import (
     table_lines,
     verdict_line,
 )
+from chunkstore.bench.common import run_bench
 from chunkstore.bench.common import verdict as target_verdict
-from chunkstore.output import add_output_arguments, check_output_path, emit_result
+from chunkstore.output import add_output_arguments
 
 PROG = "chunkstore bench sglang"
 LAYOUTS = ("layer_first", "page_first", "page_first_direct")  # sglang_harness.LAYOUTS
@@ -464,21 +465,13 @@ def config_from_args(args: argparse.Namespace) -> SGLangBenchConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table (or the JSON), write --output. Exit code: 0 done, 1 a backend
     failed (or a target was missed under --strict), 2 invalid options or no SGLang."""
-    try:
+    def configure() -> SGLangBenchConfig:
         cfg = config_from_args(args)
-        check_output_path(args)
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        import sglang.srt.mem_cache.hicache_storage  # noqa: F401
-    except ImportError as exc:
-        print(f"{PROG}: error: SGLang is not importable in {sys.executable} ({exc}); {ENV_HINT}", file=sys.stderr)
-        return 2
-    try:
-        result = run_sglang_bench(cfg)
-    except BenchFailure as exc:
-        print(f"{PROG}: a backend failed: {exc}", file=sys.stderr)
-        return 1
-    emit_result(args, result, format_table(result))
-    return 1 if args.strict and not result["all_pass"] else 0
+        try:
+            import sglang.srt.mem_cache.hicache_storage  # noqa: F401
+        except ImportError as exc:
+            raise ValueError(f"SGLang is not importable in {sys.executable} ({exc}); {ENV_HINT}") from None
+        return cfg
+
+    return run_bench(args, PROG, configure, run_sglang_bench, format_table, failures=(BenchFailure,),
+                     failed="a backend failed")

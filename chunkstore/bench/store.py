@@ -40,6 +40,7 @@ from chunkstore.bench.common import (
     table_lines,
     verdict_line,
 )
+from chunkstore.bench.common import run_bench
 from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import (
     KVSource,
@@ -54,7 +55,7 @@ from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
 from chunkstore.disk.page_io import TORCH_DTYPES, page_tensor_bytes
 from chunkstore.disk.store import ChunkStore, default_num_workers
-from chunkstore.output import add_output_arguments, check_output_path, emit_result
+from chunkstore.output import add_output_arguments
 from chunkstore.testing.tensors import same_bytes
 
 SERVE_PAGE_SIZE = CacheConfig.model_fields["page_size"].default  # `chunkstore serve`'s page size
@@ -574,16 +575,5 @@ def config_from_args(args: argparse.Namespace) -> StoreBenchConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table (or the JSON), write --output. Exit code: 0 done, 1 the store failed (or
     a target was missed under --strict), 2 invalid options."""
-    try:
-        cfg = config_from_args(args)
-        check_output_path(args)
-    except ValueError as exc:
-        print(f"chunkstore bench store: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = run_store_bench(cfg)
-    except RuntimeError as exc:
-        print(f"chunkstore bench store: the store failed: {exc}", file=sys.stderr)
-        return 1
-    emit_result(args, result, format_table(result))
-    return 1 if args.strict and not result["all_pass"] else 0
+    return run_bench(args, "chunkstore bench store", lambda: config_from_args(args), run_store_bench, format_table,
+                     failures=(RuntimeError,), failed="the store failed")

@@ -32,13 +32,14 @@ from chunkstore.bench.common import (
     table_lines,
     verdict_line,
 )
+from chunkstore.bench.common import run_bench
 from chunkstore.bench.common import verdict as target_verdict
 from chunkstore.bench.kvdata import KVSource, make_pages
 from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.keys import chain_pages
-from chunkstore.output import add_output_arguments, check_output_path, emit_result
+from chunkstore.output import add_output_arguments
 
 SERVE_PAGE_SIZE = CacheConfig.model_fields["page_size"].default  # `chunkstore serve`'s page size
 
@@ -318,20 +319,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Exit code: 0 done, 1 the cache failed (or a target was missed under --strict), 2 bad options."""
-    try:
-        cfg = TiersBenchConfig(
+    def configure() -> TiersBenchConfig:
+        return TiersBenchConfig(
             num_conversations=args.conversations, request_tokens=args.request_tokens,
             match_page_size=args.match_page_size, num_requests=args.requests, size_mb=args.size_mb,
             batch_pages=args.batch_pages, num_layers=args.layers, num_kv_heads=args.kv_heads,
             head_dim=args.head_dim, page_size=args.page_size, seed=args.seed, show_progress=not args.no_progress)
-        check_output_path(args)
-    except ValueError as exc:
-        print(f"chunkstore bench tiers: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = run_tiers_bench(cfg)
-    except RuntimeError as exc:
-        print(f"chunkstore bench tiers: the cache failed: {exc}", file=sys.stderr)
-        return 1
-    emit_result(args, result, format_table(result))
-    return 1 if args.strict and not result["all_pass"] else 0
+
+    return run_bench(args, "chunkstore bench tiers", configure, run_tiers_bench, format_table,
+                     failures=(RuntimeError,), failed="the cache failed")
