@@ -28,6 +28,17 @@ from chunkstore.priority import ThreadPriority, lower_this_thread
 log = logging.getLogger(__name__)
 
 
+def close_at_exit(owner: object) -> None:
+    """Call ``owner.close()`` at interpreter exit, before the store's worker pools stop taking work
+    (concurrent.futures' own exit hook: the hooks run newest first), so what an engine queued is
+    written, not dropped, when it exits without closing its backend. Weakly referenced: an owner
+    closed and dropped is not kept alive."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        ref = weakref.ref(owner)
+        register(lambda: (o := ref()) is not None and o.close())
+
+
 @dataclass(slots=True)
 class _Batch:
     pages: list[PageRef]
@@ -46,14 +57,7 @@ class PageWriter:
         self._is_closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
-        # At interpreter exit the store's worker pools stop taking work (concurrent.futures' own
-        # exit hook); this hook runs before it (the hooks run newest first), so what is queued is
-        # written, not dropped, when the engine exits without closing its connector.
-        # A weak reference: a writer closed and dropped (a detached backend) is not kept alive.
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            ref = weakref.ref(self)
-            register(lambda: (w := ref()) is not None and w.close())
+        close_at_exit(self)
 
     def submit(self, pages: list[PageRef], tensors: list[torch.Tensor]) -> None:
         """Queue ``tensors`` (the caller's own copies) for ``pages``. Raises RuntimeError once closed."""

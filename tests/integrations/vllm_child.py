@@ -1,9 +1,12 @@
 """A vLLM engine with the chunkstore connector in a fresh process, run by tests/integrations/test_vllm.py.
 
-``python vllm_child.py MODEL DATA PLAN.json`` runs the plan's steps and prints one JSON line of
-results. Steps: ``{"generate": [[token ids], ...], "salts": [...]}`` (greedy, 8 tokens each; one
-batch), ``{"wait_chunks": N}`` (until the store holds N chunks: saves are written in the
-background). vLLM keeps process-wide state, so each engine gets its own process.
+``python vllm_child.py MODEL DATA PLAN.json`` runs the plan and prints one JSON line of results.
+The plan: ``{"extra": {...} (more kv_connector_extra_config), "block_size": 32, "steps": [...]}``.
+Steps: ``{"generate": [[token ids], ...], "salts": [...]}`` (greedy, 8 tokens each; one batch;
+the result: per prompt its tokens and vLLM's cached-token count, and the tokens the connector's
+cache found on each tier), ``{"follow_up": k, "add": [token ids]}`` (the next turn of step k's
+first prompt: it, its reply, then ``add``), ``{"wait_chunks": N}`` (until the store holds N chunks: saves are written
+in the background). vLLM keeps process-wide state, so each engine gets its own process.
 """
 
 from __future__ import annotations
@@ -21,37 +24,56 @@ from vllm.config import KVTransferConfig  # noqa: E402
 
 from chunkstore import ChunkStore  # noqa: E402
 from chunkstore.disk.store_folder import read_identity  # noqa: E402
+from chunkstore.integrations.vllm import local_caches  # noqa: E402
+
+
+def tier_tokens() -> dict[str, int]:
+    """Tokens the connector's cache in this process has found, by tier, so far."""
+    out: dict[str, int] = {}
+    for cache in local_caches():
+        for tier, n in cache.stats().hit_tokens.items():
+            out[tier.value] = out.get(tier.value, 0) + n
+    return out
+
+
+def wait_chunks(data: str, count: int) -> int:
+    deadline = time.monotonic() + 60
+    while True:
+        identity = read_identity(data)
+        found = 0
+        if identity is not None:
+            with ChunkStore(data, identity, read_only=True) as store:
+                found = store.num_chunks()
+        if found >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 def main(model: str, data: str, plan_path: str) -> None:
     plan = json.loads(open(plan_path).read())
+    extra = {"disk_path": data, "background_priority": "normal", **plan.get("extra", {})}
     config = KVTransferConfig(kv_connector="ChunkstoreConnector", kv_connector_module_path="chunkstore.integrations.vllm",
-                              kv_role="kv_both", kv_load_failure_policy="recompute",
-                              kv_connector_extra_config={"disk_path": data, "background_priority": "normal"})
-    llm = LLM(model=model, enforce_eager=True, block_size=32, enable_prefix_caching=False, skip_tokenizer_init=True,
-              kv_transfer_config=config)
+                              kv_role="kv_both", kv_load_failure_policy="recompute", kv_connector_extra_config=extra)
+    llm = LLM(model=model, enforce_eager=True, block_size=plan.get("block_size", 32), enable_prefix_caching=False,
+              skip_tokenizer_init=True, kv_transfer_config=config)
     greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     results = []
-    for step in plan:
-        if "generate" in step:
-            salts = step.get("salts") or [None] * len(step["generate"])
-            prompts = [{"prompt_token_ids": ids, **({"cache_salt": s} if s else {})}
-                       for ids, s in zip(step["generate"], salts)]
-            outs = llm.generate(prompts, greedy, use_tqdm=False)
-            results.append([{"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens or 0}
-                            for o in outs])
-        else:
-            deadline = time.monotonic() + 60
-            while True:
-                identity = read_identity(data)
-                count = 0
-                if identity is not None:
-                    with ChunkStore(data, identity, read_only=True) as store:
-                        count = store.num_chunks()
-                if count >= step["wait_chunks"] or time.monotonic() > deadline:
-                    results.append(count)
-                    break
-                time.sleep(0.1)
+    for step in plan["steps"]:
+        if "wait_chunks" in step:
+            results.append(wait_chunks(data, step["wait_chunks"]))
+            continue
+        if "follow_up" in step:  # the next turn of step k's first conversation
+            earlier = plan["steps"][step["follow_up"]]["generate"][0]
+            step["generate"] = [earlier + results[step["follow_up"]]["outputs"][0]["tokens"] + step["add"]]
+        salts = step.get("salts") or [None] * len(step["generate"])
+        prompts = [{"prompt_token_ids": ids, **({"cache_salt": s} if s else {})}
+                   for ids, s in zip(step["generate"], salts)]
+        before = tier_tokens()
+        outs = llm.generate(prompts, greedy, use_tqdm=False)
+        after = tier_tokens()
+        results.append({"outputs": [{"tokens": list(o.outputs[0].token_ids), "cached": o.num_cached_tokens or 0}
+                                    for o in outs],
+                        "tiers": {tier: n - before.get(tier, 0) for tier, n in after.items() if n > before.get(tier, 0)}})
     print("RESULTS " + json.dumps(results), flush=True)
 
 
