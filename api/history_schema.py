@@ -8,7 +8,10 @@ in the index's one linear alembic history; these definitions match the newest of
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, Table
+from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Table
+
+# 64-bit on PostgreSQL (alembic 0004), as the disk tier's sizes; SQLite's INTEGER is 64-bit already.
+WideInteger = Integer().with_variant(BigInteger(), "postgresql")
 
 metadata = MetaData()
 
@@ -31,7 +34,7 @@ stats_history = Table(
     Column("id", Integer, primary_key=True),
     Column("sampled_at", Float, nullable=False),
     Column("uptime_s", Float, nullable=False),
-    *(Column(name, Integer, nullable=True) for name in STATS_HISTORY_FIGURES),
-    *(Column(name, Float if name.endswith("_s") else Integer, nullable=True) for name in STATS_HISTORY_SERVING),
+    *(Column(name, WideInteger, nullable=True) for name in STATS_HISTORY_FIGURES),
+    *(Column(name, Float if name.endswith("_s") else WideInteger, nullable=True) for name in STATS_HISTORY_SERVING),
     Index("ix_stats_history_sampled_at", "sampled_at"),
 )

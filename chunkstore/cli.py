@@ -166,22 +166,23 @@ def cmd_evict(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
 
-    from chunkstore.disk import migrations
-    from chunkstore.disk.index import prepare_db_files, sqlite_url
+    from chunkstore.disk.index import display_url, sqlite_url, upgrade_index
 
-    root = Path(args.disk_path)
-    if not root.is_dir():
-        raise CliError(f"no chunk store at {root}")
-    url = sqlite_url(root)
-    prepare_db_files(url)  # SQLite would create the index (and its WAL) 0644
-    engine = create_engine(url)
+    if args.index_url:
+        url = args.index_url
+    else:
+        root = Path(args.disk_path)
+        if not root.is_dir():
+            raise CliError(f"no chunk store at {root}")
+        url = sqlite_url(root)
     try:
-        with engine.begin() as conn:
-            before, head = migrations.upgrade(conn)
-    finally:
-        engine.dispose()
+        before, head = upgrade_index(url)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    except SQLAlchemyError as exc:  # a server that is down, a refused login
+        raise CliError(f"cannot upgrade the index at {display_url(url)}: {getattr(exc, 'orig', exc)}") from None
     summary = {"from_revision": before, "to_revision": head}
     _emit(args, summary, lambda s: [f"index at revision {s['to_revision']} (was {s['from_revision']})"])
     return 0
@@ -216,6 +217,12 @@ def _add_gc(p: argparse.ArgumentParser) -> None:
     p.add_argument("--purge-quarantine", action="store_true", help="also delete quarantined files")
 
 
+def _add_db_upgrade(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--index-url", metavar="URL",
+                   help="the index's database instead of the store's own index.db: "
+                        "postgresql+psycopg://USER@HOST/DATABASE or sqlite:///PATH")
+
+
 def _add_evict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bytes", type=parse_size_bytes, metavar="SIZE",
                    help="stored bytes to free: a plain number of bytes, or a size such as 500MB, 2GiB")
@@ -248,7 +255,8 @@ COMMANDS = (
     Command(("gc",), "remove temp files, evict to --disk-size, checkpoint", cmd_gc, store=True, add=_add_gc),
     Command(("evict",), "evict by bytes (LRU, leaf-first) or a whole namespace", cmd_evict, store=True,
             add=_add_evict),
-    Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True),
+    Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True,
+            add=_add_db_upgrade),
     Command(("bench", "store"), "store throughput against raw disk I/O, compression, lookups",
             module="chunkstore.bench.store"),
     Command(("bench", "tiers"), "match+insert cost, host->device and disk->device against baselines",

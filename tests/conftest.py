@@ -1,11 +1,22 @@
-"""Shared fixtures: a tiny model identity and deterministic KV pages for it."""
+"""Shared fixtures: a tiny model identity and deterministic KV pages for it; a real PostgreSQL server
+(one per run) and a fresh database on it per test. The PostgreSQL tests skip, with the reason, where
+PostgreSQL's binaries or psycopg are missing, except under CI (the CI variable set), where they fail.
+"""
 
 from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from chunkstore import ChunkStore, ModelIdentity, chain_pages
 from tests.helpers import TINY, kv_pages
+
+if TYPE_CHECKING:
+    from chunkstore.testing.postgres import PostgresServer
 
 
 @pytest.fixture
@@ -25,3 +36,29 @@ def chain(identity):
     """Ten pages of one prefix with their KV."""
     pages = chain_pages(identity, list(range(identity.page_size * 10)))
     return pages, kv_pages(identity, len(pages))
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory) -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the whole run, in its own folder, stopped by its PID at the end."""
+    from chunkstore.testing.postgres import PostgresNotInstalled, PostgresServer
+
+    try:
+        import psycopg  # noqa: F401  (the driver: pip install "psycopg[binary]", in the dev extra)
+        PostgresServer.find_binaries()
+    except (ImportError, PostgresNotInstalled) as error:
+        reason = f"PostgreSQL tests need PostgreSQL's server and psycopg: {error}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
+        pytest.skip(reason)
+    with PostgresServer(tmp_path_factory.mktemp("postgres")) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> Iterator[str]:
+    """The SQLAlchemy URL of a fresh database for this test, dropped (with FORCE) after it."""
+    name = f"test_{uuid.uuid4().hex[:16]}"
+    url = postgres_server.create_database(name)
+    yield url
+    postgres_server.drop_database(name)

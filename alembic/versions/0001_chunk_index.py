@@ -55,6 +55,9 @@ def upgrade() -> None:
         sa.Column("name", sa.String, primary_key=True),
         sa.Column("value", sa.Integer, nullable=False, server_default="0"),
     )
+    if op.get_bind().dialect.name == "postgresql":
+        _postgresql_triggers()
+        return
     op.execute(
         """
         CREATE TRIGGER chunks_usage_insert AFTER INSERT ON chunks BEGIN
@@ -80,8 +83,49 @@ def upgrade() -> None:
     )
 
 
+def _postgresql_triggers() -> None:
+    """The same usage bookkeeping on PostgreSQL: row triggers calling PL/pgSQL functions (added
+    with PostgreSQL support; SQLite indexes are made exactly as before)."""
+    op.execute(
+        """
+        CREATE FUNCTION chunks_usage_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO namespace_usage AS u (namespace, num_chunks, raw_bytes, stored_bytes)
+            VALUES (NEW.namespace, 1, NEW.raw_bytes, NEW.stored_bytes)
+            ON CONFLICT (namespace) DO UPDATE SET
+                num_chunks = u.num_chunks + 1,
+                raw_bytes = u.raw_bytes + NEW.raw_bytes,
+                stored_bytes = u.stored_bytes + NEW.stored_bytes;
+            RETURN NULL;
+        END $$
+        """
+    )
+    op.execute(
+        """
+        CREATE FUNCTION chunks_usage_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            UPDATE namespace_usage SET
+                num_chunks = num_chunks - 1,
+                raw_bytes = raw_bytes - OLD.raw_bytes,
+                stored_bytes = stored_bytes - OLD.stored_bytes
+            WHERE namespace = OLD.namespace;
+            RETURN NULL;
+        END $$
+        """
+    )
+    op.execute("CREATE TRIGGER chunks_usage_insert AFTER INSERT ON chunks FOR EACH ROW "
+               "EXECUTE FUNCTION chunks_usage_insert()")
+    op.execute("CREATE TRIGGER chunks_usage_delete AFTER DELETE ON chunks FOR EACH ROW "
+               "EXECUTE FUNCTION chunks_usage_delete()")
+
+
 def downgrade() -> None:
-    op.execute("DROP TRIGGER IF EXISTS chunks_usage_delete")
-    op.execute("DROP TRIGGER IF EXISTS chunks_usage_insert")
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP TRIGGER IF EXISTS chunks_usage_delete ON chunks")
+        op.execute("DROP TRIGGER IF EXISTS chunks_usage_insert ON chunks")
+        op.execute("DROP FUNCTION IF EXISTS chunks_usage_delete(), chunks_usage_insert()")
+    else:
+        op.execute("DROP TRIGGER IF EXISTS chunks_usage_delete")
+        op.execute("DROP TRIGGER IF EXISTS chunks_usage_insert")
     for table in ("counters", "namespace_quotas", "namespace_usage", "chunks", "store_meta"):
         op.drop_table(table)

@@ -1,8 +1,10 @@
-"""The chunk index: one SQLite database (WAL) through SQLAlchemy Core, named by a URL.
+"""The chunk index: one SQLite database (WAL) or one PostgreSQL database, through SQLAlchemy Core,
+named by a URL.
 
 The URL is the store's index seam: ``sqlite_url(folder)`` (the store's own folder) by default,
-any SQLite file by choice. Only SQLite is supported so far: another database's URL is refused with
-ValueError when the index opens, before anything is written.
+any SQLite file, or a PostgreSQL database (``postgresql+psycopg://user@host/db``; the same tables
+and alembic migrations) by choice. Another database's URL is refused with ValueError when the index
+opens, before anything is written.
 
 Invariants: a row exists only for a chunk whose file was published first (the store writes the
 file, then the row; deletes the row, then the file); all writes go through one connection under
@@ -25,7 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import and_, bindparam, column, create_engine, event, func, or_, select, table, text, tuple_, update
+from sqlalchemy import (LargeBinary, and_, any_, bindparam, column, create_engine, event, func, literal, or_, select,
+                        table, text, tuple_, update)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
@@ -37,6 +42,7 @@ from chunkstore.disk.schema import chunks, counters, namespace_quotas, namespace
 
 DB_FILENAME = "index.db"
 _IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
+_MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,28 @@ _ORDER_COLUMNS = {ChunkOrder.LAST_ACCESS: chunks.c.last_access_at, ChunkOrder.HI
 _QUERY_KEYS = table("chunk_query_keys", column("key"), schema="temp")
 
 
+BACKENDS = ("sqlite", "postgresql")
+
+
+def index_backend(url: str) -> str:
+    """``"sqlite"`` or ``"postgresql"``: the database an index URL names. Raises ValueError for a
+    URL that is not one, or names another database."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"not a database URL: {url!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend not in BACKENDS:
+        raise ValueError(f"index URL {parsed.render_as_string()!r}: only sqlite:///PATH and "
+                         "postgresql+psycopg://USER@HOST/DATABASE URLs are supported")
+    return backend
+
+
+def display_url(url: str) -> str:
+    """The URL with its password hidden (for messages and logs)."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
 def sqlite_url(folder: str | os.PathLike) -> str:
     """The URL of the index kept in a store's folder (``index.db`` there): the default."""
     return f"sqlite:///{Path(folder) / DB_FILENAME}"
@@ -118,14 +146,10 @@ def sqlite_url(folder: str | os.PathLike) -> str:
 
 def sqlite_path(url: str) -> Path:
     """The database file of a SQLite index URL. Raises ValueError for a URL that is not one, for
-    another database (only SQLite is supported so far) and for an in-memory database (an index
-    must outlive the process)."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ValueError(f"not a database URL: {url!r}") from exc
-    if parsed.get_backend_name() != "sqlite":
-        raise ValueError(f"index URL {parsed.render_as_string()!r}: only sqlite:/// URLs are supported so far")
+    another database and for an in-memory database (an index must outlive the process)."""
+    if index_backend(url) != "sqlite":
+        raise ValueError(f"index URL {display_url(url)!r} is not a SQLite file")
+    parsed = make_url(url)
     if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
         raise ValueError(f"index URL {url!r} names no database file (write sqlite:///PATH)")
     return Path(parsed.database)
@@ -151,9 +175,42 @@ def prepare_db_files(url: str) -> None:
 
 
 def drop_index(url: str) -> None:
-    """Delete the index of ``url`` (for a rebuild from the chunk headers); the payloads stay."""
+    """Delete the index of ``url`` (for a rebuild from the chunk headers); the payloads stay. On
+    PostgreSQL, the index's tables (the database stays)."""
+    if index_backend(url) == "postgresql":
+        from chunkstore.disk.schema import metadata
+
+        engine = create_engine(url)
+        try:
+            with engine.begin() as conn:
+                # The management API's tables share the index's alembic history: they go too.
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {migrations.VERSION_TABLE}, stats_history")
+                metadata.drop_all(conn)
+                conn.exec_driver_sql("DROP FUNCTION IF EXISTS chunks_usage_insert(), chunks_usage_delete()")
+        finally:
+            engine.dispose()
+        return
     for f in db_files(url):
         f.unlink(missing_ok=True)
+
+
+def _upgrade_in(conn: Connection) -> tuple[str | None, str]:
+    if conn.dialect.name == "postgresql":  # one migration at a time, however many servers start at once
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+    return migrations.upgrade(conn)
+
+
+def upgrade_index(url: str) -> tuple[str | None, str]:
+    """Migrate the index at ``url`` to the newest schema (``chunkstore db upgrade``); returns (revision
+    before, head). A new SQLite file is made 0600 first. Raises ValueError for an unsupported URL."""
+    if index_backend(url) == "sqlite":
+        prepare_db_files(url)  # SQLite would create the index (and its WAL) 0644
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            return _upgrade_in(conn)
+    finally:
+        engine.dispose()
 
 
 class IndexMissingError(RuntimeError):
@@ -188,16 +245,22 @@ class ChunkIndex:
         Raises IndexMissingError when there is no index file and ``read_only`` or ``must_exist``,
         ValueError for a URL that names no SQLite file."""
         self.url = url
-        self.path = sqlite_path(url)
+        self.backend = index_backend(url)
+        self.is_sqlite = self.backend == "sqlite"
+        self.path = sqlite_path(url) if self.is_sqlite else None
+        self.name = str(self.path) if self.is_sqlite else display_url(url)
         self.read_only = read_only
-        if (read_only or must_exist) and not self.path.is_file():
+        if self.is_sqlite and (read_only or must_exist) and not self.path.is_file():
             raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path "
                                     f"{self.path.parent}`")
-        if not read_only:
+        if self.is_sqlite and not read_only:
             prepare_db_files(url)
-        self.engine: Engine = create_engine(url, pool_size=8, max_overflow=8)
-        event.listen(self.engine, "connect", _on_connect)
-        event.listen(self.engine, "begin", _on_begin)
+        # A server that went away and came back: a pooled connection is tested before it is used.
+        self.engine: Engine = create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=not self.is_sqlite)
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _on_connect)
+            event.listen(self.engine, "begin", _on_begin)
+        self._insert = sqlite_insert if self.is_sqlite else postgresql_insert
         self.write_lock = threading.RLock()
         self._pending_touch: dict[bytes, tuple[int, float]] = {}
         self._pending_counts: Counter[tuple[str, str]] = Counter()
@@ -209,11 +272,15 @@ class ChunkIndex:
         # eviction plan made at one generation is still exact at the same generation.
         self.generation = 0
         with self.engine.begin() as conn:
+            revision = migrations.current_revision(conn)
+            if not self.is_sqlite and revision is None and (read_only or must_exist):
+                raise IndexMissingError(f"the index {self.name} has no chunkstore tables; run `chunkstore rebuild` "
+                                        "(payloads exist) or open the store for writing once")
             if read_only:
-                if migrations.current_revision(conn) != migrations.head_revision():
-                    raise RuntimeError(f"index {self.path} is not at the current schema; run `chunkstore db upgrade`")
+                if revision != migrations.head_revision():
+                    raise RuntimeError(f"index {self.name} is not at the current schema; run `chunkstore db upgrade`")
             else:
-                migrations.upgrade(conn)
+                _upgrade_in(conn)
 
     def close(self) -> None:
         """Write the buffered counters and dispose of the connections (even when that write
@@ -232,7 +299,7 @@ class ChunkIndex:
 
     def set_meta(self, name: str, value: str) -> None:
         with self.write_lock, self.engine.begin() as conn:
-            stmt = sqlite_insert(store_meta).values(name=name, value=value)
+            stmt = self._insert(store_meta).values(name=name, value=value)
             conn.execute(stmt.on_conflict_do_update(index_elements=["name"], set_={"value": value}))
 
     # -- lookups ---------------------------------------------------------------------------
@@ -245,9 +312,13 @@ class ChunkIndex:
         conn = self.engine.raw_connection()
         try:
             cursor = conn.cursor()
-            for batch in _batches(list(keys)):
-                sql = f"SELECT key FROM chunks WHERE key IN ({','.join('?' * len(batch))})"
-                found.update(row[0] for row in cursor.execute(sql, list(batch)))
+            if self.is_sqlite:
+                for batch in _batches(list(keys)):
+                    sql = f"SELECT key FROM chunks WHERE key IN ({','.join('?' * len(batch))})"
+                    found.update(row[0] for row in cursor.execute(sql, list(batch)))
+            elif keys:  # one round trip for the whole prefix
+                cursor.execute("SELECT key FROM chunks WHERE key = ANY(%s)", [list(keys)])
+                found.update(bytes(row[0]) for row in cursor.fetchall())
             cursor.close()
         finally:
             conn.close()
@@ -340,12 +411,14 @@ class ChunkIndex:
         if query.accessed_after is not None:
             conds.append(c.last_access_at >= query.accessed_after)
         if query.keys is not None:
-            conds.append(c.key.in_(select(_QUERY_KEYS.c.key)))
+            if self.is_sqlite:
+                conds.append(c.key.in_(select(_QUERY_KEYS.c.key)))
+            else:  # one array parameter, however many keys
+                conds.append(c.key == any_(literal(list(query.keys), ARRAY(LargeBinary))))
         return conds
 
-    @staticmethod
-    def _load_query_keys(conn: Connection, query: ChunkQuery) -> None:
-        if query.keys is not None:
+    def _load_query_keys(self, conn: Connection, query: ChunkQuery) -> None:
+        if query.keys is not None and self.is_sqlite:
             conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS chunk_query_keys (key BLOB PRIMARY KEY)")
             conn.exec_driver_sql("DELETE FROM temp.chunk_query_keys")
             conn.exec_driver_sql("INSERT OR IGNORE INTO temp.chunk_query_keys VALUES (?)",
@@ -466,7 +539,7 @@ class ChunkIndex:
         if not values:
             return 0
         with self._writing() as conn:
-            result = conn.execute(sqlite_insert(chunks).on_conflict_do_nothing(), values)
+            result = conn.execute(self._insert(chunks).on_conflict_do_nothing(), values)
             return int(result.rowcount)
 
     def delete(self, keys: Sequence[bytes]) -> int:
@@ -493,7 +566,7 @@ class ChunkIndex:
             if quota_bytes is None:
                 conn.execute(namespace_quotas.delete().where(namespace_quotas.c.namespace == namespace))
             else:
-                stmt = sqlite_insert(namespace_quotas).values(namespace=namespace, quota_bytes=quota_bytes)
+                stmt = self._insert(namespace_quotas).values(namespace=namespace, quota_bytes=quota_bytes)
                 conn.execute(stmt.on_conflict_do_update(index_elements=["namespace"],
                                                         set_={"quota_bytes": quota_bytes}))
             self._quotas.pop(namespace, None)  # read again once committed (quota() waits for the lock)
@@ -548,15 +621,23 @@ class ChunkIndex:
         if touches:
             stmt = (update(chunks).where(chunks.c.key == bindparam("k"))
                     .values(hit_count=chunks.c.hit_count + bindparam("n"),
-                            last_access_at=func.max(chunks.c.last_access_at, bindparam("t"))))
+                            last_access_at=self._greater(chunks.c.last_access_at, bindparam("t"))))
             conn.execute(stmt, [{"k": k, "n": n, "t": t} for k, (n, t) in touches.items()])
         if counts:
-            stmt = sqlite_insert(counters).values(namespace=bindparam("ns"), name=bindparam("nm"),
+            stmt = self._insert(counters).values(namespace=bindparam("ns"), name=bindparam("nm"),
                                                   value=bindparam("v"))
             stmt = stmt.on_conflict_do_update(index_elements=["namespace", "name"],
                                               set_={"value": counters.c.value + stmt.excluded.value})
             conn.execute(stmt, [{"ns": ns, "nm": nm, "v": v} for (ns, nm), v in counts.items()])
 
+    def _greater(self, a, b):
+        """The larger of two values (SQLite's two-argument ``max``, PostgreSQL's ``greatest``)."""
+        return func.max(a, b) if self.is_sqlite else func.greatest(a, b)
+
     def checkpoint(self) -> None:
+        """Fold SQLite's write-ahead log into the database file; nothing on PostgreSQL (its server
+        checkpoints)."""
+        if not self.is_sqlite:
+            return
         with self.write_lock, self.engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -1,14 +1,18 @@
 """SQLAlchemy Core tables of the chunk index (the schema itself is owned by alembic/ migrations).
 
 Invariant: these definitions match the newest migration; tests/test_schema.py compares them.
-Per-namespace usage is kept by SQLite triggers on ``chunks``, so it can never drift from the rows.
+Per-namespace usage is kept by triggers on ``chunks`` (SQLite's, or PL/pgSQL on PostgreSQL), so it
+can never drift from the rows.
 Only the disk tier's tables are here: the index file also holds the management API's own
 ``stats_history`` (api/history_schema.py, its own migrations in the same alembic history).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, LargeBinary, MetaData, String, Table, Text
+from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, LargeBinary, MetaData, String, Table, Text
+
+# 64-bit on PostgreSQL (alembic 0004); SQLite's INTEGER is 64-bit already and stays as created.
+WideInteger = Integer().with_variant(BigInteger(), "postgresql")
 
 metadata = MetaData()
 
@@ -24,11 +28,11 @@ chunks = Table(
     Column("parent_key", LargeBinary(32), nullable=False),
     Column("namespace", String, nullable=False),
     Column("num_tokens", Integer, nullable=False),
-    Column("raw_bytes", Integer, nullable=False),
-    Column("stored_bytes", Integer, nullable=False),
+    Column("raw_bytes", WideInteger, nullable=False),
+    Column("stored_bytes", WideInteger, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("last_access_at", Float, nullable=False),
-    Column("hit_count", Integer, nullable=False, server_default="0"),
+    Column("hit_count", WideInteger, nullable=False, server_default="0"),
     Column("pinned", Boolean, nullable=False, server_default="0"),
     Index("ix_chunks_parent_key", "parent_key"),
     Index("ix_chunks_last_access_at", "last_access_at"),
@@ -39,20 +43,20 @@ chunks = Table(
 namespace_usage = Table(
     "namespace_usage", metadata,
     Column("namespace", String, primary_key=True),
-    Column("num_chunks", Integer, nullable=False, server_default="0"),
-    Column("raw_bytes", Integer, nullable=False, server_default="0"),
-    Column("stored_bytes", Integer, nullable=False, server_default="0"),
+    Column("num_chunks", WideInteger, nullable=False, server_default="0"),
+    Column("raw_bytes", WideInteger, nullable=False, server_default="0"),
+    Column("stored_bytes", WideInteger, nullable=False, server_default="0"),
 )
 
 namespace_quotas = Table(
     "namespace_quotas", metadata,
     Column("namespace", String, primary_key=True),
-    Column("quota_bytes", Integer, nullable=False),
+    Column("quota_bytes", WideInteger, nullable=False),
 )
 
 counters = Table(
     "counters", metadata,
     Column("namespace", String, primary_key=True),
     Column("name", String, primary_key=True),
-    Column("value", Integer, nullable=False, server_default="0"),
+    Column("value", WideInteger, nullable=False, server_default="0"),
 )

@@ -45,7 +45,7 @@ from chunkstore.disk.eviction import EvictionPlan, EvictionSelection
 from chunkstore.disk.eviction import plan as plan_of
 from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.files import ChunkFiles, Durability, make_private_dir
-from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
 from chunkstore.disk.index import (ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, NamespaceUsage, Victim, drop_index,
                                    sqlite_url)
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
@@ -103,6 +103,23 @@ def _mutation(method):
     return guarded
 
 
+def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_only: bool,
+                allow_other_models: bool) -> None:
+    """Bind a database index to the store at ``root``: its rows claim that folder's payloads and
+    that model's pages. A SQLite index lives in (or beside) its folder; a database on a server could
+    be named by two stores, whose rows would then claim each other's files. Raises
+    ModelMismatchError (closing the index) for an index another store or model has claimed."""
+    claim = {"store_folder": str(Path(root).resolve()), "identity": identity.to_json()}
+    for name, value in claim.items():
+        held = index.get_meta(name)
+        if held is None and not read_only:
+            index.set_meta(name, value)
+        elif held is not None and held != value and not (name == "identity" and allow_other_models):
+            index.close()
+            raise ModelMismatchError(f"the index {index.name} belongs to another store ({name}: {held}); give "
+                                     "each store its own database")
+
+
 def default_num_workers() -> int:
     """Threads that compress and write: two per core, as writes block in fsync."""
     return max(4, 2 * (os.cpu_count() or 2))
@@ -124,8 +141,9 @@ class ChunkStore:
     payloads) before opening, for `chunkstore rebuild`. Failed writes are logged at most once per
     ``failure_log_interval_s`` after the first (a summary line counts the rest).
 
-    The seams: ``index_url`` names the index (default: ``index.db`` in ``path``; only SQLite so
-    far), ``index_factory`` opens it (``ChunkIndex``'s signature: tests pass one whose commits
+    The seams: ``index_url`` names the index (default: ``index.db`` in ``path``; another SQLite
+    file, or a PostgreSQL database, which the store claims: another store's folder or model is
+    refused with ModelMismatchError), ``index_factory`` opens it (``ChunkIndex``'s signature: tests pass one whose commits
     fail); ``payloads`` holds the chunk files (default: the folder tree under ``path``, made with
     ``durability`` and ``direct_reads``, which a PayloadStore passed in brings its own of). The
     index is the store's own: callers use the store's methods, which keep its rules (file, then
@@ -186,6 +204,9 @@ class ChunkStore:
             # hide every chunk): it asks for `chunkstore rebuild` instead.
             self._index = index_factory(url, read_only=read_only,
                                         must_exist=not reset_index and self.payloads.has_any())
+            if not getattr(self._index, "is_sqlite", True):
+                claim_index(self._index, self.root, identity, read_only=read_only,
+                            allow_other_models=allow_other_models)
             if read_only:
                 warn_if_not_private(self.root)
             else:

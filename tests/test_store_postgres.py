@@ -1,0 +1,106 @@
+"""The chunk index on PostgreSQL (a real server the suite starts, tests/conftest.py): the store's
+contract tests that take the ``store`` fixture run again here with their index in a fresh
+PostgreSQL database, then what only a database server has: the migrations match the schema
+modules there, sizes past 32 bits, a database claimed by one store, a rebuild from the chunk
+files, a read-only view beside the writer."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from chunkstore.api.history_schema import metadata as api_metadata
+from sqlalchemy import create_engine
+
+from chunkstore import ChunkStore, ModelMismatchError, chain_pages
+from chunkstore.disk import migrations
+from chunkstore.disk.index import ChunkIndex, ChunkRow, IndexMissingError
+from chunkstore.disk.maintenance import rebuild
+from chunkstore.disk.schema import metadata as disk_metadata
+from tests import test_store, test_store_delete
+from tests.helpers import kv_pages
+
+# The contract tests of the store fixture, collected here again (they then run on the fixture
+# below); not those that open the folder a second time, which would find its SQLite index.
+for _module in (test_store, test_store_delete):
+    for _name, _test in inspect.getmembers(_module, inspect.isfunction):
+        if (_name.startswith("test_") and "store" in inspect.signature(_test).parameters
+                and "ChunkStore(" not in inspect.getsource(_test)):
+            globals()[_name] = _test
+
+
+@pytest.fixture
+def store(tmp_path, identity, postgres_url):
+    s = ChunkStore(tmp_path / "store", identity, index_url=postgres_url)
+    yield s
+    s.close()
+
+
+def test_migrations_match_the_schema_modules_on_postgresql(postgres_url):
+    ChunkIndex(postgres_url).close()
+    engine = create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), [disk_metadata, api_metadata])
+            assert migrations.current_revision(conn) == migrations.head_revision()
+    finally:
+        engine.dispose()
+    assert diff == [], diff
+
+
+def test_sizes_and_counters_past_32_bits(postgres_url):
+    index = ChunkIndex(postgres_url)
+    try:
+        big = 5 * 2**30  # 5 GiB: past PostgreSQL's 32-bit INTEGER
+        index.set_quota("ns", big)
+        index.insert([ChunkRow(bytes([i]) * 32, b"\0" * 32, "ns", 4, big, big, 1.0, 1.0) for i in range(3)])
+        index.count_event("ns", "hits", big)
+        index.flush()
+        assert index.quota("ns") == big
+        assert index.stored_bytes("ns") == 3 * big
+        assert index.counter_values()[("ns", "hits")] == big
+    finally:
+        index.close()
+
+
+def test_a_database_is_claimed_by_one_store(tmp_path, identity, postgres_url, chain):
+    with ChunkStore(tmp_path / "a", identity, index_url=postgres_url) as store:
+        store.put(*chain)
+    with pytest.raises(ModelMismatchError, match="belongs to another store"):
+        ChunkStore(tmp_path / "b", identity, index_url=postgres_url)  # its rows name a's files
+    with ChunkStore(tmp_path / "a", identity, index_url=postgres_url) as store:  # a's own: fine
+        assert store.num_chunks() == len(chain[0])
+
+
+def test_a_read_only_view_beside_the_writer_and_after_it(tmp_path, identity, postgres_url, chain):
+    pages, kv = chain
+    with ChunkStore(tmp_path / "s", identity, index_url=postgres_url) as writer:
+        writer.put(pages[:4], kv[:4])
+        with ChunkStore(tmp_path / "s", identity, index_url=postgres_url, read_only=True) as reader:
+            assert reader.longest_prefix([p.key for p in pages]) == 4
+            writer.put(pages[4:], kv[4:])
+            assert reader.longest_prefix([p.key for p in pages]) == len(pages)  # sees new rows at once
+    with ChunkStore(tmp_path / "s", identity, index_url=postgres_url, read_only=True) as reader:
+        out = [torch.empty_like(t) for t in kv]
+        assert all(reader.get_into(pages, out)) and all(torch.equal(a, b) for a, b in zip(out, kv))
+
+
+def test_an_empty_database_is_no_index_for_a_reader(tmp_path, identity, postgres_url):
+    with pytest.raises(IndexMissingError, match="no chunkstore tables"):
+        ChunkIndex(postgres_url, read_only=True)
+
+
+def test_rebuild_re_indexes_the_chunk_files(tmp_path, identity, postgres_url):
+    pages = chain_pages(identity, list(range(identity.page_size * 6)))
+    kv = kv_pages(identity, len(pages))
+    with ChunkStore(tmp_path / "s", identity, index_url=postgres_url) as store:
+        store.put(pages, kv)
+    with ChunkStore(tmp_path / "s", identity, index_url=postgres_url, reset_index=True) as store:
+        assert store.num_chunks() == 0  # the tables were dropped and made again; the files stay
+        rebuild(store)
+        assert store.longest_prefix([p.key for p in pages]) == len(pages)
+        out = [torch.empty_like(t) for t in kv]
+        assert all(store.get_into(pages, out)) and all(torch.equal(a, b) for a, b in zip(out, kv))
