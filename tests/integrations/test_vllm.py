@@ -323,3 +323,30 @@ def test_vllms_factory_builds_the_connector_for_both_roles(model, tmp_path):
         assert isinstance(connector, ChunkstoreConnector)
         assert connector.requires_kv_delivery is False  # best effort: a dropped save is a miss later
         connector.shutdown()
+
+
+def test_kv_caches_the_connector_cannot_stand_for_are_refused(model, tmp_path):
+    """Sliding windows (vLLM hands a window's old blocks to other requests), hybrid models, and
+    context parallelism (a block's tokens spread over ranks): refused, never saved wrong."""
+    from vllm.config import ParallelConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    from chunkstore.integrations.vllm.options import check_kv_cache_groups, identity_for
+
+    shape = {"block_size": BLOCK, "num_kv_heads": 2, "head_size": 64, "dtype": torch.bfloat16}
+    full, window = FullAttentionSpec(**shape), SlidingWindowSpec(**shape, sliding_window=128)
+
+    def config(*specs):
+        return KVCacheConfig(num_blocks=10, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)])
+
+    check_kv_cache_groups(config(full))
+    check_kv_cache_groups(None)  # not given (some vLLM paths): nothing to check
+    with pytest.raises(ValueError, match="SlidingWindowSpec"):
+        check_kv_cache_groups(config(window))
+    with pytest.raises(ValueError, match="2 KV cache groups"):
+        check_kv_cache_groups(config(full, window))
+    vc = vllm_config(model, 2, tmp_path / "kv")
+    object.__setattr__(vc, "parallel_config", ParallelConfig(tensor_parallel_size=2, decode_context_parallel_size=2))
+    with pytest.raises(ValueError, match="context parallelism"):
+        identity_for(vc, tp_rank=0)

@@ -8,8 +8,9 @@ scheduler's process, else the stores' indexes), never the prompt's last token; i
 step the loads (matched and allocated) and the saves (blocks of the request's tokens, prompt and
 output, that the step's forward completes), sending token ids, never keys, so each rank keys its
 pages with its own identity; a load that fails is reported as block errors (vLLM recomputes
-them); a step whose synchronous load failed saves nothing (its forward ran on top of those
-blocks); requests whose token ids do not name their KV are neither looked up nor saved.
+them); a request whose synchronous load failed saves nothing until vLLM has recomputed those
+blocks (its forwards ran on top of them); requests whose token ids do not name their KV are
+neither looked up nor saved, nor are models whose KV cache is not one group of full attention.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from chunkstore.cache.policies import WritePolicy
 from chunkstore.cache.tiered import TieredCache
 from chunkstore.disk import ChunkStore, ModelIdentity, ModelMismatchError, chain_pages, store_root
 from chunkstore.integrations.settings import open_writer
-from chunkstore.integrations.vllm.options import (ConnectorSettings, identity_for, is_mla, is_writer,
-                                                  namespace_for, store_ranks)
+from chunkstore.integrations.vllm.options import (ConnectorSettings, check_kv_cache_groups, identity_for, is_mla,
+                                                  is_writer, namespace_for, store_ranks)
 from chunkstore.integrations.vllm.paged_kv import PagedKV
 from chunkstore.integrations.vllm.transfers import BlockTransfer, WorkerTransfers, local_cache
 
@@ -86,6 +87,7 @@ class ChunkstoreConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.settings = ConnectorSettings.from_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        check_kv_cache_groups(kv_cache_config)
         self.block_size = vllm_config.cache_config.block_size
         self.identity = identity_for(vllm_config, tp_rank=0)
         if role == KVConnectorRole.SCHEDULER and self._kv_transfer_config.kv_load_failure_policy != "recompute":
@@ -94,6 +96,7 @@ class ChunkstoreConnector(KVConnectorBase_V1):
                         self._kv_transfer_config.kv_load_failure_policy)
         # scheduler side
         self._readers: dict[int, ChunkStore] = {}  # TP rank -> its store, read-only, once it exists
+        self._local_root: str | None = None  # the store folder of the worker in this process
         self._opening = threading.Lock()
         self._matched: dict[str, _Match] = {}
         self._loads: list[BlockTransfer] = []
@@ -103,7 +106,6 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         self._last_match: dict[str, _Match] = {}  # req_id -> the lookup its load came from (for vLLM's metrics)
         # worker side
         self.transfers: WorkerTransfers | None = None
-        self._step_failed = False  # a synchronous load of this step failed: its saves are skipped
 
     # ---- scheduler side ------------------------------------------------------------------------------
 
@@ -161,7 +163,10 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         from the worker's cache when it runs in this process (tensor parallel size 1), else the
         fewest any rank's store index holds (none of them counted as memory)."""
         if self._vllm_config.parallel_config.tensor_parallel_size == 1:
-            cache = local_cache(str(store_root(self.settings.disk_path, self.identity)))
+            if self._local_root is None:  # store_root reads store.json: once, when the worker has made it
+                root = str(store_root(self.settings.disk_path, self.identity))
+                self._local_root = root if local_cache(root) is not None else None
+            cache = local_cache(self._local_root) if self._local_root is not None else None
             if cache is not None:
                 device, host, disk = cache.peek(tokens, namespace)
                 return device + host, device + host + disk
@@ -209,6 +214,7 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         for new in scheduler_output.scheduled_new_reqs:
             namespace, request = self._namespaces.get(new.req_id), self._requests.get(new.req_id)
             if namespace is None or request is None or not self.is_cacheable(new):
+                self._tracked.pop(new.req_id, None)  # e.g. a session back with images: no more saves
                 continue  # never looked up (not cacheable), or already finished
             tracked = self._tracked[new.req_id] = _Tracked(request, namespace, list(new.block_ids[0]),
                                                           new.num_computed_tokens // self.block_size)
@@ -231,6 +237,8 @@ class ChunkstoreConnector(KVConnectorBase_V1):
                        num_computed: int) -> None:
         """Queue the pages ``num_computed`` completes: their tokens were this step's input, so
         their KV is in the blocks after the forward."""
+        if not self.is_cacheable(tracked.request):
+            return
         tokens = tracked.request.all_token_ids
         done = min(num_computed, len(tokens)) // self.block_size
         done = min(done, len(tracked.block_ids))
@@ -295,13 +303,12 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         the forward starts), else now, before the forward, in which case a failed load makes this
         step save nothing."""
         meta = self._get_connector_metadata()
-        self._step_failed = False
         if not meta.loads:
             return
         if self.settings.async_load:
             self.transfers.start_loads(meta.loads)
         else:
-            self._step_failed = not self.transfers.load_now(meta.loads)
+            self.transfers.load_now(meta.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads fill every layer at once, before the forward or in the background
@@ -310,16 +317,15 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         return  # whole blocks are saved after the forward, in wait_for_save
 
     def wait_for_save(self) -> None:
-        """Copy the blocks this step completed into the cache; nothing when a load of this step failed."""
-        if self._step_failed:
-            self._step_failed = False
-            return
+        """Copy the blocks this step completed into the cache (not those of a request whose
+        synchronous load failed, until vLLM has recomputed it: WorkerTransfers.save)."""
         self.transfers.save(self._get_connector_metadata().saves)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """(None: no save holds a request's blocks; the requests whose background loads are done)."""
         if self.transfers is None:
             return None, None
+        self.transfers.forget(finished_req_ids)
         return None, self.transfers.take_finished() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:

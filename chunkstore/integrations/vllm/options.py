@@ -67,6 +67,25 @@ class ConnectorSettings:
         return cls(**kw)
 
 
+# vLLM's KV cache specs whose blocks hold every token of the prefix (not sliding windows, chunked
+# local attention, sinks or state): only those name a prefix's KV by its tokens.
+WHOLE_PREFIX_SPECS = ("FullAttentionSpec", "MLAAttentionSpec")
+
+
+def check_kv_cache_groups(kv_cache_config: Any) -> None:
+    """Refuse a KV cache the connector's blocks cannot stand for: more than one group (hybrid
+    models), or a group whose blocks do not hold the whole prefix (vLLM frees a sliding window's
+    old blocks and hands them to other requests). Raises ValueError naming it."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if len(groups) > 1:
+        raise ValueError(f"{len(groups)} KV cache groups (a hybrid model): the chunkstore connector supports one")
+    for group in groups:
+        kind = type(group.kv_cache_spec).__name__
+        if kind not in WHOLE_PREFIX_SPECS:
+            raise ValueError(f"KV cache spec {kind} (e.g. sliding-window attention) is not supported by the "
+                             f"chunkstore connector; it needs {' or '.join(WHOLE_PREFIX_SPECS)}")
+
+
 def is_mla(vllm_config: "VllmConfig") -> bool:
     return bool(getattr(vllm_config.model_config, "use_mla", False))
 
@@ -74,10 +93,13 @@ def is_mla(vllm_config: "VllmConfig") -> bool:
 def identity_for(vllm_config: "VllmConfig", tp_rank: int) -> ModelIdentity:
     """The identity of the blocks the KV cache of TP rank ``tp_rank`` holds. An MLA model's latent
     row of C values per token is stored as two halves, ``(layers, 2, block, 1, C/2)``, a view of the
-    same bytes. Raises ValueError for pipeline parallelism and an odd MLA width."""
+    same bytes. Raises ValueError for pipeline or context parallelism and an odd MLA width."""
     model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
     if parallel.pipeline_parallel_size > 1:
         raise ValueError("pipeline parallelism is not supported by the chunkstore connector yet")
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        if getattr(parallel, name, 1) > 1:  # a block's tokens are then spread over ranks
+            raise ValueError(f"context parallelism ({name} > 1) is not supported by the chunkstore connector yet")
     dtype = model.dtype if cache.cache_dtype in (None, "auto") else cache.cache_dtype
     dtype = str(dtype).removeprefix("torch.")
     # The weights are named by model and revision (and quantization): a local folder whose weights

@@ -3,8 +3,10 @@ through the tiered cache (a staging pool on vLLM's device, the host tier, the di
 
 Invariants: a load takes only what the cache's ``match`` returns, pages verified on their way up
 from disk, and reports every block it could not fill (and the ones after it) as a load error,
-so vLLM recomputes them; an asynchronous load is reported finished once its copies are done
-(failed or not, its errors no later than that); a save copies whole computed blocks out of
+so vLLM recomputes them; an asynchronous load runs after the work vLLM's stream queued before it
+and is reported finished once its copies are done, whatever fails (its errors no later than
+that); a request whose synchronous load failed saves nothing until vLLM has recomputed the failed
+blocks; a save copies whole computed blocks out of
 the paged KV on vLLM's thread, before their blocks can be reused, and inserts them into the
 cache, whose write-through puts them on disk in the background; a rank that does not write
 (an MLA replica) loads from the store its writer rank writes and saves nothing; store and cache
@@ -20,6 +22,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -76,7 +79,11 @@ class WorkerTransfers:
         self._done = threading.Lock()
         self._finished: set[str] = set()
         self._errors: set[int] = set()
-        self._queue: queue.SimpleQueue[list[BlockTransfer] | None] | None = None
+        self._queue: queue.SimpleQueue[tuple[list[BlockTransfer], Any] | None] | None = None
+        # req_id -> the first page of its that failed a synchronous load: its saves are skipped
+        # until the scheduler plans them from that page again (once vLLM recomputed it).
+        self._failed_from: dict[str, int] = {}
+        self.is_cuda = paged.device.type == "cuda"
         self._loader: threading.Thread | None = None
         self._is_closed = False
         if cache is not None and cache.store is not None:
@@ -90,13 +97,31 @@ class WorkerTransfers:
     # ---- loads -----------------------------------------------------------------------------------
 
     def load_now(self, loads: list[BlockTransfer]) -> bool:
-        """Load on the calling thread (before the forward); False when a block did not load."""
-        return all([self._load_one(t) for t in loads])
+        """Load on the calling thread (before the forward); False when a block did not load. A
+        request whose load failed saves nothing until vLLM has recomputed its failed blocks."""
+        ok = True
+        for load in loads:
+            good = self._copy(load)
+            if good < load.num_pages:
+                self._failed_from[load.req_id] = good
+            ok &= self._record(load, good, finished=False)
+        return ok
 
     def start_loads(self, loads: list[BlockTransfer]) -> None:
-        """Load in the background; each request is then in ``take_finished``."""
-        if loads:
-            self._queue.put(loads)
+        """Load in the background, after what vLLM's stream has queued so far (its saves into the
+        staging pool, earlier users of the blocks); each request is then in ``take_finished``."""
+        if not loads:
+            return
+        ready = None
+        if self.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.paged.device))
+        self._queue.put((loads, ready))
+
+    def forget(self, finished_req_ids: set[str]) -> None:
+        """Requests vLLM has finished: nothing is kept for them."""
+        for req_id in finished_req_ids:
+            self._failed_from.pop(req_id, None)
 
     def take_finished(self) -> set[str]:
         """The requests whose background loads are done since the last call."""
@@ -112,19 +137,28 @@ class WorkerTransfers:
         return errors
 
     def _load_loop(self) -> None:
-        stream = torch.cuda.Stream(self.paged.device) if self.paged.device.type == "cuda" else None
-        while (loads := self._queue.get()) is not None:
+        """Every load queued is reported finished, whatever fails (vLLM holds the request until
+        then): a load that raises reports all its blocks as errors."""
+        stream = None
+        while (item := self._queue.get()) is not None:
+            loads, ready = item
             for load in loads:
-                if stream is None:
-                    self._load_one(load, finished=True)
-                    continue
-                with torch.cuda.stream(stream):
-                    good = self._copy(load)
-                stream.synchronize()  # vLLM's forward reads the blocks once the request is finished
-                self._record(load, good, finished=True)
-
-    def _load_one(self, load: BlockTransfer, *, finished: bool = False) -> bool:
-        return self._record(load, self._copy(load), finished=finished)
+                good = load.first_page
+                try:
+                    if not self.is_cuda:
+                        good = self._copy(load)
+                        continue
+                    if stream is None:
+                        stream = torch.cuda.Stream(self.paged.device)
+                    stream.wait_event(ready)
+                    with torch.cuda.stream(stream):
+                        good = self._copy(load)
+                    stream.synchronize()  # vLLM's forward reads the blocks once the request is finished
+                except Exception:
+                    log.exception("chunkstore: loading blocks of request %s failed", load.req_id)
+                    good = load.first_page
+                finally:
+                    self._record(load, good, finished=True)
 
     def _record(self, load: BlockTransfer, good: int, *, finished: bool) -> bool:
         if good < load.num_pages:
@@ -154,6 +188,8 @@ class WorkerTransfers:
             for start in range(load.first_page, end, TRANSFER_PAGES):
                 stop = min(start + TRANSFER_PAGES, end)
                 self.paged.scatter(load.block_ids[start:stop], cache.device_pool.read(hit.device_slots[start:stop]))
+            if self.is_cuda:  # the slots may be reused once released: the copies must be done
+                torch.cuda.current_stream(self.paged.device).synchronize()
             return max(end, load.first_page)
         finally:
             cache.release(hit)
@@ -182,6 +218,11 @@ class WorkerTransfers:
         if self.cache is None:
             return
         for save in saves:
+            failed_from = self._failed_from.get(save.req_id)
+            if failed_from is not None:
+                if save.first_page > failed_from:
+                    continue  # planned before vLLM learned of the failure: its forward read bad blocks
+                del self._failed_from[save.req_id]  # planned again from the failed page: recomputed
             try:
                 self._save_one(save)
             except Exception:
@@ -229,7 +270,7 @@ class WorkerTransfers:
         self._is_closed = True
         if self._loader is not None:
             self._queue.put(None)
-            self._loader.join()
+            self._loader.join(flush_timeout_s)
         if self.cache is not None:
             store = self.cache.store
             self.cache.flush(flush_timeout_s)
