@@ -265,6 +265,8 @@ COMMANDS = (
             module="chunkstore.bench.multiturn"),
     Command(("bench", "sglang"), "chunkstore against SGLang's HiCacheFile as HiCache L3: set, get, bytes on disk",
             module="chunkstore.bench.sglang"),
+    Command(("bench", "vllm"), "the multi-turn workload on vLLM: without the connector, with it, after a restart",
+            module="chunkstore.bench.vllm"),
     Command(("bench", "startup"), "start-up of the CLI and of serve against importing torch and transformers",
             module="chunkstore.bench.startup"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",
