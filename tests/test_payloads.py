@@ -140,8 +140,12 @@ def test_a_failed_stage_fails_that_page_alone(tmp_path, identity, chain):
         assert store.exists([p.key for p in pages]) == [True] * (len(pages) - 1) + [False]
 
 
+def test_sqlite_path_refuses_another_database():
+    with pytest.raises(ValueError, match="is not a SQLite file"):
+        sqlite_path("postgresql://db.example/chunks")
+
+
 @pytest.mark.parametrize("url, why", [
-    ("postgresql://db.example/chunks", "only sqlite"),
     ("sqlite://", "names no database file"),
     ("sqlite:///:memory:", "names no database file"),
     ("not a url", "not a database URL"),
