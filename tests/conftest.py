@@ -62,3 +62,29 @@ def postgres_url(postgres_server) -> Iterator[str]:
     url = postgres_server.create_database(name)
     yield url
     postgres_server.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def moto_s3(tmp_path_factory):
+    """moto's S3 server (a child process on 127.0.0.1) for the whole run: the fast stand-in that the
+    object store's contract tests use; the end-to-end tests run on radosgw."""
+    from chunkstore.testing.moto_s3 import MotoS3Server
+
+    try:
+        import moto.server  # noqa: F401  (moto[server], in the dev extra)
+        import obstore  # noqa: F401  (the object store's client, in the fleet extra)
+    except ImportError as error:
+        reason = f"object store tests need moto[server] and obstore: {error}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
+        pytest.skip(reason)
+    with MotoS3Server(log_path=tmp_path_factory.mktemp("moto") / "moto.log") as server:
+        yield server
+
+
+@pytest.fixture
+def bucket_url(moto_s3) -> str:
+    """s3://<a fresh bucket>/<a prefix> on moto's server."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    moto_s3.create_bucket(name)
+    return f"s3://{name}/fleet"

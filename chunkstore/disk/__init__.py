@@ -22,7 +22,8 @@ _OWNERS = {
     # the seams: where the index and the payloads are; owner-only files (the store's own, and any
     # other a caller keeps beside it)
     "chunkstore.disk.index": ("sqlite_url", "ChunkOrder", "ChunkQuery", "ChunkRow", "IndexMissingError"),
-    "chunkstore.disk.payloads": ("PayloadStore", "Staged"),
+    "chunkstore.disk.payloads": ("PayloadStore", "PayloadsUnavailable", "Staged"),
+    "chunkstore.disk.objects": ("ObjectPayloads", "ObjectStoreConfig"),
     "chunkstore.disk.files": ("ChunkFiles", "Durability", "PRIVATE_FILE_MODE", "make_private", "write_private_file"),
     # the other types the store's methods take and return
     "chunkstore.disk.chunkfile": ("ChunkHeader",),
@@ -44,7 +45,8 @@ if TYPE_CHECKING:
     from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
     from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError, sqlite_url
     from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, engine_pages, page_key, root_key
-    from chunkstore.disk.payloads import PayloadStore, Staged
+    from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+    from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
     from chunkstore.disk.results import EvictResult, PutResult, ReadOnlyStoreError, StoreStats
     from chunkstore.disk.store import ChunkStore
     from chunkstore.disk.store_folder import StoreBusyError, read_identity, store_root

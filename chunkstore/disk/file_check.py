@@ -1,7 +1,8 @@
 """What verifying one chunk file found: a status from a closed set, and for a bad file why.
 
 Invariant: ``status`` is one of ``FileStatus``; ``reason`` is empty for ``OK`` and ``MISSING`` and
-says what failed otherwise; ``text`` is the one string shown to people and written to logs and
+says what failed otherwise; ``UNAVAILABLE`` (the storage did not answer) is neither bad nor missing,
+so nothing acts on it but a miss; ``text`` is the one string shown to people and written to logs and
 the management API ("ok", "missing", or the reason).
 """
 
@@ -18,6 +19,8 @@ class FileStatus(enum.Enum):
     MISSING = "missing"  # no file (the row, if any, is stale)
     UNREADABLE = "unreadable"  # the file exists and reading it failed (an I/O error)
     CORRUPT = "corrupt"  # read, and failed verification (checksum, header, identity, row)
+    UNAVAILABLE = "unavailable"  # the storage could not be reached (an object store gone away):
+    # nothing is known of the payload, so it is a miss and nothing is changed
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,10 @@ class FileCheck:
     @classmethod
     def unreadable(cls, exc: OSError) -> "FileCheck":
         return cls(FileStatus.UNREADABLE, reason=f"unreadable: {exc}")
+
+    @classmethod
+    def unavailable(cls, exc: OSError) -> "FileCheck":
+        return cls(FileStatus.UNAVAILABLE, reason=f"unavailable: {exc}")
 
     @classmethod
     def corrupt(cls, reason: str, size_bytes: int = 0) -> "FileCheck":

@@ -13,6 +13,7 @@ files; rebuild indexes exactly the chunk files that verify. Each walks the store
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from chunkstore.disk.chunkfile import ChunkHeader
 from chunkstore.disk.eviction import EvictionSelection
 from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.index import ChunkRow
+from chunkstore.disk.payloads import PayloadsUnavailable
 from chunkstore.disk.store import STORE_WIDE, ChunkStore, EvictResult
 
 Progress = Callable[[int], None]  # called with the number of items just done
@@ -102,6 +104,8 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
             report.checked += 1
             if check.is_ok:
                 report.ok += 1
+            elif check.status is FileStatus.UNAVAILABLE:
+                raise unavailable_error(store, check)
             elif check.status is FileStatus.MISSING:
                 report.missing += 1
                 missing.append(row.key)
@@ -119,6 +123,12 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
     else:
         report.orphans, report.temps = _count_leftovers(store)
     return report
+
+
+def unavailable_error(store: ChunkStore, check: FileCheck) -> PayloadsUnavailable:
+    """Why a verify or rebuild stops: its storage did not answer, so nothing can be concluded."""
+    return PayloadsUnavailable(errno.EIO, f"stopped: the payloads at {store.payloads.location} did not answer "
+                                          f"({check.text}); nothing was changed for the chunks not yet checked")
 
 
 def _remove_temps(store: ChunkStore) -> int:
@@ -166,6 +176,8 @@ def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
         for key, check in zip(orphans, results):
             if check.is_ok:
                 rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
+            elif check.status is FileStatus.UNAVAILABLE:
+                raise unavailable_error(store, check)
             elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.adopted += store.adopt(rows)
@@ -182,6 +194,8 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
             report.scanned += 1
             if check.is_ok:
                 rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
+            elif check.status is FileStatus.UNAVAILABLE:
+                raise unavailable_error(store, check)
             elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
                 report.quarantined += 1
         report.indexed += store.adopt(rows)

@@ -31,7 +31,7 @@ from chunkstore.disk.file_check import FileCheck
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import PageRef
-from chunkstore.disk.payloads import PayloadStore, ReadBuffers
+from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, ReadBuffers
 from chunkstore.priority import ThreadPriority, lower_this_thread
 
 if TYPE_CHECKING:
@@ -157,6 +157,8 @@ class PageLoader:
             return buf, self.payloads.read(page.key, self.max_payload_bytes, buffer=buf), None
         except FileNotFoundError:
             failed = FileCheck.missing()
+        except PayloadsUnavailable as exc:
+            failed = FileCheck.unavailable(exc)
         except OSError as exc:
             failed = FileCheck.unreadable(exc)
         except BaseException:
@@ -187,6 +189,8 @@ class PageLoader:
             data = self.payloads.read(key, self.max_payload_bytes)
         except FileNotFoundError:
             return FileCheck.missing()
+        except PayloadsUnavailable as exc:
+            return FileCheck.unavailable(exc)
         except OSError as exc:
             return FileCheck.unreadable(exc)
         return self.check(key, data, page, out, row)

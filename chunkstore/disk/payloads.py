@@ -70,6 +70,12 @@ class Staged:
     handle: object
 
 
+class PayloadsUnavailable(OSError):
+    """The storage did not answer (an object store that is down or unreachable, bad credentials):
+    a read is a miss, and nothing is concluded about the payload (it is not missing, not corrupt).
+    Only a storage's own answer that a key is absent is FileNotFoundError."""
+
+
 class PayloadStore(abc.ABC):
     """The chunk payloads of one store, by key. Thread-safe: the store stages and reads from its
     worker threads."""

@@ -50,7 +50,7 @@ from chunkstore.disk.index import (ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow,
                                    sqlite_url)
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
-from chunkstore.disk.payloads import PayloadStore, Staged
+from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
 from chunkstore.disk.results import (STORE_WIDE, EvictResult, NamespaceStats, PutResult, ReadOnlyStoreError, StoreStats,
                                      store_stats)
 from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
@@ -345,7 +345,8 @@ class ChunkStore:
                 # published (all new keys, checked under this lock) are removed again.
                 for k in admitted:
                     self.payloads.discard(written[k][0])
-                    self.payloads.delete(k)
+                    with contextlib.suppress(PayloadsUnavailable):  # left without a row: invisible,
+                        self.payloads.delete(k)  # and an orphan for verify --repair or the sweeper
                     result.failed[k] = f"publish failed: {exc}"
                     self._index.count_event(todo[k][0].namespace, "write_errors")
                 self._writes.failed(step, exc, num_pages=len(admitted))
@@ -472,7 +473,8 @@ class ChunkStore:
             log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
             return False
         with self._index.write_lock:
-            if self.verify_file(key, page, row=row).is_ok:
+            check = self.verify_file(key, page, row=row)
+            if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
                 return False
             self._index.delete([key])
             moved = self.payloads.quarantine(key)
@@ -486,7 +488,10 @@ class ChunkStore:
         """Drop the rows of keys whose file is gone, checked again under the writer lock (the
         chunk may have been stored again since the read found no file)."""
         with self._index.write_lock:
-            gone = [k for k in keys if not self.payloads.exists(k)]
+            try:
+                gone = [k for k in keys if not self.payloads.exists(k)]
+            except PayloadsUnavailable:  # asked again on a later miss
+                return 0
             return self._index.delete(gone) if gone else 0
 
     # -- offline care (maintenance.py) -----------------------------------------------------
