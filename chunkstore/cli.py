@@ -83,11 +83,21 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
         raise CliError(f"no chunk store at {root} (no store.json); check --disk-path")
     capacity = int(args.disk_size * 1e9) if getattr(args, "disk_size", None) else None
     try:
+        payloads = None
+        if args.object_store:
+            from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+
+            payloads = ObjectPayloads(ObjectStoreConfig(args.object_store))
         return ChunkStore(root, identity, capacity_bytes=capacity, read_only=not write,
-                          durability=Durability.FSYNC, reset_index=reset_index)
-    except (StoreBusyError, ModelMismatchError, IndexMissingError, FileNotFoundError, PermissionError) as exc:
+                          durability=Durability.FSYNC, reset_index=reset_index, index_url=args.index_url,
+                          payloads=payloads)
+    except (StoreBusyError, ModelMismatchError, IndexMissingError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
     except DatabaseError as exc:
+        if args.index_url:
+            from chunkstore.disk.index import display_url
+
+            raise CliError(f"cannot use the index at {display_url(args.index_url)}: {exc.orig}") from None
         raise CliError(f"the index of {root} is unreadable ({exc.orig}); "
                        f"run `chunkstore rebuild --disk-path {root}`") from None
     except RuntimeError as exc:
@@ -202,6 +212,12 @@ def _store_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--disk-path", default=os.environ.get("CHUNKSTORE_DISK_PATH", DEFAULT_DATA_DIR),
                    help="folder of the chunk store (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH)")
+    p.add_argument("--index-url", metavar="URL", default=os.environ.get("CHUNKSTORE_INDEX_URL") or None,
+                   help="the index's database instead of the store's own index.db: "
+                        "postgresql+psycopg://USER@HOST/DATABASE or sqlite:///PATH (or $CHUNKSTORE_INDEX_URL)")
+    p.add_argument("--object-store", metavar="URL", default=os.environ.get("CHUNKSTORE_OBJECT_STORE") or None,
+                   help="the chunk payloads' bucket instead of the store's folder: s3://BUCKET[/PREFIX] (or "
+                        "$CHUNKSTORE_OBJECT_STORE; endpoint and keys from the AWS_* variables)")
     add_json_flag(p)
     return p
 
@@ -215,12 +231,6 @@ def _add_gc(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disk-size", type=_positive_gb, metavar="GB|SIZE",
                    help="capacity to evict down to: a number of GB (10^9 bytes), or a size such as 500GB")
     p.add_argument("--purge-quarantine", action="store_true", help="also delete quarantined files")
-
-
-def _add_db_upgrade(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--index-url", metavar="URL",
-                   help="the index's database instead of the store's own index.db: "
-                        "postgresql+psycopg://USER@HOST/DATABASE or sqlite:///PATH")
 
 
 def _add_evict(p: argparse.ArgumentParser) -> None:
@@ -255,8 +265,7 @@ COMMANDS = (
     Command(("gc",), "remove temp files, evict to --disk-size, checkpoint", cmd_gc, store=True, add=_add_gc),
     Command(("evict",), "evict by bytes (LRU, leaf-first) or a whole namespace", cmd_evict, store=True,
             add=_add_evict),
-    Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True,
-            add=_add_db_upgrade),
+    Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True),
     Command(("bench", "store"), "store throughput against raw disk I/O, compression, lookups",
             module="chunkstore.bench.store"),
     Command(("bench", "tiers"), "match+insert cost, host->device and disk->device against baselines",

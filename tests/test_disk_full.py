@@ -275,7 +275,7 @@ def test_failures_are_logged_rate_limited_with_the_reason_and_the_folder(tmp_pat
         store.payloads.os_write = real_write
         assert store.put(pages, kv_pages(identity, 3)).ok  # recovery owes the summary at once
         lines = [r.getMessage() for r in caplog.records]
-        assert f"11 more write(s) to the store at {store.root} failed (11 page(s))" in lines[1]
+        assert f"11 more write(s) of the store at {store.root} failed (11 page(s))" in lines[1]
         assert "succeed again (12 failed write(s)" in lines[2]
         store.payloads.os_write = _no_space
         for _ in range(2):

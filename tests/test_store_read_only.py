@@ -60,6 +60,7 @@ def _calls(pages, plan, rows):
         "drop_missing": lambda s: s.drop_missing(keys),
         "remove_leftover_temps": lambda s: s.remove_leftover_temps(),
         "purge_quarantine": lambda s: s.purge_quarantine(),
+        "sweep": lambda s: s.sweep(),
         "checkpoint": lambda s: s.checkpoint(),
         "write_side_tables": lambda s: s.write_side_tables().__enter__(),
     }

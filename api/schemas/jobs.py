@@ -45,6 +45,9 @@ class GcResult(BaseModel):
     evicted_chunks: int
     evicted_bytes: int
     quarantine_purged: int
+    lapsed_claims: int = Field(0, description="a shared tier's publish claims of dead writers, taken over and dropped")
+    swept_objects: int = Field(0, description="a shared tier's objects without a row (dead writers' uploads, "
+                                              "old orphans), deleted")
 
 
 _RESULTS = {JobKind.VERIFY: VerifyResult, JobKind.REBUILD: RebuildResult, JobKind.GC: GcResult}

@@ -24,6 +24,7 @@ from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_si
 
 if TYPE_CHECKING:
     from chunkstore.cache.layout import KVLayout
+    from chunkstore.disk.payloads import PayloadStore
 
 __all__ = ["CacheConfig", "ENV_PREFIX", "GB", "LIVE_SETTINGS", "PoolSize", "SIZE_EXAMPLES", "add_cli_arguments",
            "env_name", "flag_name"]
@@ -56,6 +57,13 @@ class CacheConfig(BaseSettings):
                                          "overrides host_ratio")
     use_disk: bool = _field(True, "keep a disk tier (the chunk store) under the host pool")
     disk_path: Path = _field(Path("chunkstore-data"), "folder of the chunk store")
+    index_url: str | None = _field(None, "the disk tier's chunk index: a PostgreSQL URL "
+                                         "(postgresql+psycopg://...) for a tier shared by many servers; "
+                                         "default: index.db in the store's folder")
+    object_store: str | None = _field(None, "chunk payloads in an S3-compatible bucket, s3://bucket/prefix "
+                                            "(endpoint, region and keys from AWS_ENDPOINT_URL, AWS_REGION, "
+                                            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default: files in "
+                                            "the store's folder")
     disk_ratio: float | None = _field(None, "disk capacity = disk_ratio x host pool bytes (ignored "
                                             "when disk_size is set)", gt=0)
     disk_size: float | None = _field(None, "disk capacity of stored, compressed chunks: a number of GB "
@@ -103,10 +111,28 @@ class CacheConfig(BaseSettings):
         PoolSize.parse(value)
         return str(value).strip()  # an int (a number of bytes) is kept as its text
 
-    @field_validator("disk_ratio", "disk_size", mode="before")
+    @field_validator("disk_ratio", "disk_size", "index_url", "object_store", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("index_url")
+    @classmethod
+    def _check_index_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            from chunkstore.disk.index import index_backend
+
+            index_backend(value)  # its ValueError names the backends it takes
+        return value
+
+    @field_validator("object_store")
+    @classmethod
+    def _check_object_store(cls, value: str | None) -> str | None:
+        if value is not None:
+            from chunkstore.disk.objects import parse_object_url
+
+            parse_object_url(value)
+        return value
 
     @field_validator("disk_size", mode="before")
     @classmethod
@@ -123,6 +149,14 @@ class CacheConfig(BaseSettings):
                     and host.num_pages < device.num_pages):
                 raise ValueError(f"host_size {self.host_size} is smaller than device_size {self.device_size}")
         return self
+
+    def payload_store(self) -> PayloadStore | None:
+        """The chunk payloads' store when ``object_store`` names a bucket (None: the folder tree)."""
+        if self.object_store is None:
+            return None
+        from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+
+        return ObjectPayloads(ObjectStoreConfig(self.object_store))
 
     # -- derived sizes ---------------------------------------------------------------------------
 
@@ -236,6 +270,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(type=float)
         elif annotation is Path:
             kwargs.update(type=Path)
+        elif name in ("index_url", "object_store"):
+            kwargs.update(metavar="URL")
         else:  # a new field must choose its flag type here
             raise TypeError(f"no flag type for {name}: {annotation}")
         group.add_argument(flag_name(name), **kwargs)

@@ -33,16 +33,18 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from chunkstore.choices import Choice
 from chunkstore.disk import migrations
 from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
-from chunkstore.disk.schema import chunks, counters, namespace_quotas, namespace_usage, store_meta
+from chunkstore.disk.schema import chunk_claims, chunks, counters, namespace_quotas, namespace_usage, store_meta
 
 DB_FILENAME = "index.db"
 _IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
 _MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
+_EVICTOR_LOCK = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
+EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +239,13 @@ def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
         yield items[i : i + size]
 
 
+def _row_values(rows: Iterable[ChunkRow]) -> list[dict]:
+    return [dict(key=r.key, parent_key=r.parent_key, namespace=r.namespace, num_tokens=r.num_tokens,
+                 raw_bytes=r.raw_bytes, stored_bytes=r.stored_bytes, created_at=r.created_at,
+                 last_access_at=r.last_access_at, hit_count=r.hit_count, pinned=r.pinned)
+            for r in rows]
+
+
 class ChunkIndex:
     """Rows of the chunk index; thread-safe. Writes are serialised by ``write_lock``."""
 
@@ -309,7 +318,12 @@ class ChunkIndex:
         plain DB-API statements on a pooled connection: SQLAlchemy's statement building cost ten
         times the query."""
         found: set[bytes] = set()
-        conn = self.engine.raw_connection()
+        try:
+            conn = self.engine.raw_connection()
+        except DBAPIError:
+            raise
+        except self.engine.dialect.loaded_dbapi.Error as exc:  # a raw connection's errors are the driver's
+            raise OperationalError("connect", None, exc) from exc
         try:
             cursor = conn.cursor()
             if self.is_sqlite:
@@ -530,12 +544,7 @@ class ChunkIndex:
 
     def insert(self, rows: Iterable[ChunkRow]) -> int:
         """Insert rows, ignoring keys already present; returns how many were new."""
-        values = [
-            dict(key=r.key, parent_key=r.parent_key, namespace=r.namespace, num_tokens=r.num_tokens,
-                 raw_bytes=r.raw_bytes, stored_bytes=r.stored_bytes, created_at=r.created_at,
-                 last_access_at=r.last_access_at, hit_count=r.hit_count, pinned=r.pinned)
-            for r in rows
-        ]
+        values = _row_values(rows)
         if not values:
             return 0
         with self._writing() as conn:
@@ -549,6 +558,118 @@ class ChunkIndex:
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
         return n
+
+    # -- publish claims (a shared tier: many writers, schema 0005) --------------------------
+
+    def claim(self, keys: Sequence[bytes], writer: str, ttl_s: float, now: float | None = None) -> set[bytes]:
+        """Claim ``keys`` for ``writer`` until ``now + ttl_s``: the keys this writer may now upload.
+        A key claimed by another writer is left to it unless that claim has lapsed (a dead
+        writer's), which is taken over; a key that already has a row is not claimed (its claim is
+        released at once). One statement per batch (``INSERT ... ON CONFLICT DO UPDATE ... WHERE
+        the claim lapsed RETURNING key``): on PostgreSQL two writers racing for a key get it once."""
+        now = time.time() if now is None else now
+        won: set[bytes] = set()
+        with self.write_lock, self.engine.begin() as conn:
+            for batch in _batches(list(dict.fromkeys(keys))):
+                stmt = self._insert(chunk_claims).values(
+                    [{"key": k, "writer": writer, "expires_at": now + ttl_s} for k in batch])
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["key"], set_={"writer": stmt.excluded.writer, "expires_at": stmt.excluded.expires_at},
+                    where=chunk_claims.c.expires_at < now).returning(chunk_claims.c.key)
+                won.update(bytes(k) for k in conn.execute(stmt).scalars())
+        stored = self.present(list(won))
+        if stored:
+            self.release(stored, writer)
+        return won - stored
+
+    def insert_claimed(self, rows: Sequence[ChunkRow], writer: str) -> set[bytes]:
+        """Commit the rows of keys ``writer`` claimed and uploaded: in one transaction, its claims on
+        them are deleted and a row inserted for each claim it still held (the row replaces the
+        claim). Returns those keys; a claim that lapsed and was taken over (a sweeper, an evictor,
+        another writer) is not its to commit, so that key gets no row from it."""
+        if not rows:
+            return set()
+        held: set[bytes] = set()
+        with self._writing() as conn:
+            for batch in _batches([r.key for r in rows]):
+                stmt = (chunk_claims.delete()
+                        .where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
+                               chunk_claims.c.writer == writer)
+                        .returning(chunk_claims.c.key))
+                held.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
+            if mine := [r for r in rows if r.key in held]:
+                conn.execute(self._insert(chunks).on_conflict_do_nothing(), _row_values(mine))
+        return held
+
+    def release(self, keys: Iterable[bytes], writer: str) -> int:
+        """Drop ``writer``'s claims on ``keys`` (a failed upload, or done); returns how many."""
+        with self.write_lock, self.engine.begin() as conn:
+            return self._release_in(conn, list(keys), writer)
+
+    def _release_in(self, conn: Connection, keys: Sequence[bytes], writer: str) -> int:
+        n = 0
+        for batch in _batches(list(keys)):
+            stmt = chunk_claims.delete().where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
+                                               chunk_claims.c.writer == writer)
+            n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+        return n
+
+    def delete_claiming(self, keys: Sequence[bytes], writer: str, ttl_s: float, now: float | None = None) -> int:
+        """Delete the rows of ``keys`` and claim the keys for ``writer`` in one transaction (an
+        evictor: no other writer may upload a key while its object is being deleted); returns how
+        many rows went. The caller deletes the objects, then releases the claims."""
+        now = time.time() if now is None else now
+        n = 0
+        with self._writing() as conn:
+            for batch in _batches(list(keys)):
+                stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+                claim = self._insert(chunk_claims).values(
+                    [{"key": k, "writer": writer, "expires_at": now + ttl_s} for k in batch])
+                conn.execute(claim.on_conflict_do_update(
+                    index_elements=["key"], set_={"writer": writer, "expires_at": now + ttl_s}))
+        return n
+
+    def lapsed_claims(self, now: float | None = None, limit: int = 1000) -> list[tuple[bytes, str]]:
+        """Claims past their expiry (their writers died or stalled): (key, writer), oldest first."""
+        now = time.time() if now is None else now
+        with self.engine.connect() as conn:
+            stmt = (select(chunk_claims.c.key, chunk_claims.c.writer).where(chunk_claims.c.expires_at < now)
+                    .order_by(chunk_claims.c.expires_at).limit(limit))
+            return [(bytes(k), w) for k, w in conn.execute(stmt)]
+
+    def claimed(self, keys: Sequence[bytes]) -> set[bytes]:
+        """The keys among ``keys`` that some writer claims now (lapsed or not)."""
+        found: set[bytes] = set()
+        with self.engine.connect() as conn:
+            for batch in _batches(list(keys)):
+                stmt = select(chunk_claims.c.key).where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)))
+                found.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
+        return found
+
+    def drop_claims(self, claims: Sequence[tuple[bytes, str]]) -> int:
+        """Delete the claims ``(key, writer)`` (the sweeper, once it dealt with their objects)."""
+        n = 0
+        with self.write_lock, self.engine.begin() as conn:
+            for key, writer in claims:
+                stmt = chunk_claims.delete().where(chunk_claims.c.key == key, chunk_claims.c.writer == writer)
+                n += conn.execute(stmt).rowcount
+        return n
+
+    @contextmanager
+    def evictor_lock(self, timeout_s: float = EVICTOR_LOCK_TIMEOUT_S) -> Iterator[None]:
+        """One evictor at a time across every writer of this index: on PostgreSQL a transaction-scoped
+        advisory lock held on its own connection for the block (waiting at most ``timeout_s``, then
+        sqlalchemy's OperationalError); on SQLite, whose index has one writer, nothing more than
+        ``write_lock``."""
+        if self.is_sqlite:
+            with self.write_lock:
+                yield
+            return
+        with self.engine.connect() as conn, conn.begin():
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
+            yield
 
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:
         n = 0

@@ -67,6 +67,8 @@ class GcReport:
     evicted_chunks: int = 0
     evicted_bytes: int = 0
     quarantine_purged: int = 0
+    lapsed_claims: int = 0  # a shared tier's (ChunkStore.sweep)
+    swept_objects: int = 0
 
 
 def _chunked(items: Iterable, size: int) -> Iterator[list]:
@@ -229,9 +231,11 @@ def evict_down_to(store: ChunkStore, stored_bytes: int) -> EvictResult:
 
 
 def gc(store: ChunkStore, purge_quarantine: bool = False) -> GcReport:
-    """Remove leftover temp files, evict down to the capacity, optionally empty quarantine/, and
-    checkpoint the SQLite WAL."""
+    """Remove leftover temp files (a shared tier: sweep lapsed claims and orphan objects), evict down
+    to the capacity, optionally empty quarantine/, and checkpoint the SQLite WAL."""
     report = GcReport(temps_removed=_remove_temps(store))
+    swept = store.sweep()
+    report.lapsed_claims, report.swept_objects = swept.lapsed_claims, swept.objects_deleted
     if store.capacity_bytes is not None:
         done = evict_down_to(store, store.capacity_bytes)
         report.evicted_chunks, report.evicted_bytes = done.num_chunks, done.stored_bytes

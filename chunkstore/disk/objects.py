@@ -106,6 +106,7 @@ class ObjectPayloads(PayloadStore):
     def __init__(self, config: ObjectStoreConfig):
         self.config = config
         self.location = display_object_url(config)
+        self.shared_name = config.url  # every server names the bucket so, whatever its endpoint
         bucket, prefix = parse_object_url(config.url)
         self._prefix = f"{prefix}/" if prefix else ""
         self._ob = _obstore()

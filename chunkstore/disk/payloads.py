@@ -82,6 +82,10 @@ class PayloadStore(abc.ABC):
 
     #: Where the payloads are, for messages (a folder, a bucket URL).
     location: str
+    #: The name other processes know these payloads by when they may write them too (a bucket
+    #: URL), making the store on them a shared tier (the publish protocol: claims in the index);
+    #: None for payloads only this store writes (the folder tree, under its writer lock).
+    shared_name: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -139,6 +143,11 @@ class PayloadStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: bytes) -> bool:
         """Remove the payload of ``key``; returns whether there was one."""
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        """Remove the payloads of ``keys`` (absent ones included); an object store batches this."""
+        for key in keys:
+            self.delete(key)
 
     @abc.abstractmethod
     def quarantine(self, key: bytes) -> str | None:

@@ -36,6 +36,14 @@ class EvictResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What a shared tier's sweep removed (ChunkStore.sweep)."""
+
+    lapsed_claims: int = 0  # claims of writers that died or stalled, taken over and dropped
+    objects_deleted: int = 0  # objects without a row: a dead writer's uploads and old orphans
+
+
+@dataclass(frozen=True, slots=True)
 class NamespaceStats:
     namespace: str
     num_chunks: int

@@ -60,3 +60,14 @@ counters = Table(
     Column("name", String, primary_key=True),
     Column("value", WideInteger, nullable=False, server_default="0"),
 )
+
+# A shared tier's publish claims (alembic 0005): a writer's claim on a key while it uploads the
+# key's object; the row in ``chunks`` replaces it in one transaction, and it lapses at ``expires_at``.
+chunk_claims = Table(
+    "chunk_claims", metadata,
+    Column("key", LargeBinary(32), primary_key=True),
+    Column("writer", String, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Index("ix_chunk_claims_expires_at", "expires_at"),
+    sqlite_with_rowid=False,
+)

@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
+import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +55,7 @@ from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
 from chunkstore.disk.results import (STORE_WIDE, EvictResult, NamespaceStats, PutResult, ReadOnlyStoreError, StoreStats,
-                                     store_stats)
+                                     SweepResult, store_stats)
 from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
                                           check_identity, make_private_once, read_identity, store_root,
                                           warn_if_not_private)
@@ -80,13 +83,13 @@ _DROP_BATCH = 256  # rows deleted per index transaction
 # write only the access times and counters that a read-only store keeps in memory (flush, close).
 MUTATING_METHODS = (
     "put", "evict", "delete", "delete_namespace", "pin", "unpin", "set_quota",
-    "adopt", "quarantine", "drop_missing", "remove_leftover_temps", "purge_quarantine", "checkpoint",
+    "adopt", "quarantine", "sweep", "drop_missing", "remove_leftover_temps", "purge_quarantine", "checkpoint",
     "write_side_tables",
 )
 READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
-    "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers",
+    "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers", "lapsed_claims",
 )
 
 
@@ -104,12 +107,20 @@ def _mutation(method):
 
 
 def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_only: bool,
-                allow_other_models: bool) -> None:
-    """Bind a database index to the store at ``root``: its rows claim that folder's payloads and
-    that model's pages. A SQLite index lives in (or beside) its folder; a database on a server could
-    be named by two stores, whose rows would then claim each other's files. Raises
-    ModelMismatchError (closing the index) for an index another store or model has claimed."""
-    claim = {"store_folder": str(Path(root).resolve()), "identity": identity.to_json()}
+                allow_other_models: bool, shared_name: str | None = None) -> None:
+    """Bind a database index to the store at ``root`` (or, for a shared tier, to the payloads every
+    server names ``shared_name``): its rows claim those payloads and that model's pages. A SQLite
+    index lives in (or beside) its folder; a database on a server could be named by two stores,
+    whose rows would then claim each other's files. Raises ModelMismatchError (closing the index)
+    for an index another store or model has claimed."""
+    where = ("store_folder", str(Path(root).resolve())) if shared_name is None else ("payload_store", shared_name)
+    claim = {where[0]: where[1], "identity": identity.to_json()}
+    other = "payload_store" if shared_name is None else "store_folder"
+    if (held := index.get_meta(other)) is not None:
+        index.close()
+        kind = "a shared tier" if shared_name is None else "one store's folder"
+        raise ModelMismatchError(f"the index {index.name} belongs to {kind} ({other}: {held}); give each "
+                                 "store its own database")
     for name, value in claim.items():
         held = index.get_meta(name)
         if held is None and not read_only:
@@ -118,6 +129,13 @@ def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_
             index.close()
             raise ModelMismatchError(f"the index {index.name} belongs to another store ({name}: {held}); give "
                                      "each store its own database")
+
+
+# How long a shared tier's publish claim holds (index.claim): far longer than a batch's upload takes,
+# short enough that a dead writer's keys are published by another server soon after.
+CLAIM_TTL_S = 60.0
+# How old an object with neither row nor claim must be before the sweeper deletes it.
+SWEEP_GRACE_S = 600.0
 
 
 def default_num_workers() -> int:
@@ -168,6 +186,7 @@ class ChunkStore:
         read_only: bool = False,
         reset_index: bool = False,
         failure_log_interval_s: float = LOG_INTERVAL_S,
+        claim_ttl_s: float = CLAIM_TTL_S,
         index_url: str | None = None,
         index_factory: Callable[..., ChunkIndex] = ChunkIndex,
         payloads: PayloadStore | None = None,
@@ -176,6 +195,11 @@ class ChunkStore:
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         self.background_priority = ThreadPriority.parse(background_priority)
+        if claim_ttl_s <= 0:
+            raise ValueError(f"claim_ttl_s must be positive, got {claim_ttl_s}")
+        self.claim_ttl_s = claim_ttl_s
+        # This store's name among a shared tier's writers (its publish claims carry it).
+        self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.root = Path(path)
         self.identity = identity
         self.capacity_bytes = capacity_bytes
@@ -185,6 +209,7 @@ class ChunkStore:
         self._writer_lock: WriterLock | None = None
         self._closed = False
         self._writes = WriteFailures(self.root, failure_log_interval_s)
+        self._reads = WriteFailures(self.root, failure_log_interval_s, kind="read")
         if read_only:
             if not (self.root / STORE_FILENAME).is_file():
                 raise FileNotFoundError(f"no chunk store at {self.root}")
@@ -194,6 +219,7 @@ class ChunkStore:
         try:
             check_identity(self.root, identity, read_only=read_only, allow_other_models=allow_other_models)
             self.payloads = ChunkFiles(self.root, durability, direct_reads) if payloads is None else payloads
+            self.shared = self.payloads.shared_name is not None
             url = index_url or sqlite_url(self.root)
             if not read_only:
                 self.payloads.create()
@@ -206,7 +232,7 @@ class ChunkStore:
                                         must_exist=not reset_index and self.payloads.has_any())
             if not getattr(self._index, "is_sqlite", True):
                 claim_index(self._index, self.root, identity, read_only=read_only,
-                            allow_other_models=allow_other_models)
+                            allow_other_models=allow_other_models, shared_name=self.payloads.shared_name)
             if read_only:
                 warn_if_not_private(self.root)
             else:
@@ -291,7 +317,13 @@ class ChunkStore:
         for p, t in zip(pages, tensors):
             self._check_page(p, t)
         result = PutResult()
-        present = self._index.present([p.key for p in pages])
+        try:
+            present = self._index.present([p.key for p in pages])
+        except DBAPIError as exc:  # the index does not answer: nothing is written, nothing lost
+            for p in pages:
+                result.failed[p.key] = f"write failed: index unavailable: {exc.orig}"
+            self._writes.failed("index lookup", exc, num_pages=len(pages))
+            return result
         todo: dict[bytes, tuple[PageRef, torch.Tensor]] = {}
         for p, t in zip(pages, tensors):
             if p.key in present or p.key in todo:
@@ -321,38 +353,95 @@ class ChunkStore:
     def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
                  written: dict[bytes, tuple[Staged, int]], result: PutResult) -> None:
         with self._index.write_lock:
-            again = self._index.present(list(written))
-            for key in again:  # another thread stored it meanwhile
-                self.payloads.discard(written.pop(key)[0])
-                result.deduplicated.append(key)
-                self._index.count_event(todo[key][0].namespace, "dedup_hits")
-            step, admitted = "index commit", list(written)
             try:
-                admitted = self._make_room(todo, written, result)  # evicting writes the index too
-                if not admitted:
-                    return
-                now = time.time()
-                rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
-                                 num_tokens=self.identity.page_size, raw_bytes=self.identity.page_size_bytes,
-                                 stored_bytes=written[k][1], created_at=now, last_access_at=now)
-                         for k in admitted]
-                step = "publish"
-                self.payloads.publish([written[k][0] for k in admitted], self._pool)
-                step = "index commit"
-                self._index.insert(rows)  # file first, then row
-            except (OSError, DBAPIError) as exc:
-                # Nothing of this batch may stay visible: no row was committed, so the files
-                # published (all new keys, checked under this lock) are removed again.
-                for k in admitted:
-                    self.payloads.discard(written[k][0])
-                    with contextlib.suppress(PayloadsUnavailable):  # left without a row: invisible,
-                        self.payloads.delete(k)  # and an orphan for verify --repair or the sweeper
-                    result.failed[k] = f"publish failed: {exc}"
-                    self._index.count_event(todo[k][0].namespace, "write_errors")
-                self._writes.failed(step, exc, num_pages=len(admitted))
+                again = self._index.present(list(written))
+            except DBAPIError as exc:
+                self._fail_all(todo, written, result, "index lookup", exc)
                 return
-            result.stored.extend(admitted)
-            self._writes.succeeded()
+            for key in again:  # another thread stored it meanwhile
+                self._skip_stored(key, todo, written, result)
+            committed: list[bytes] = []
+            try:
+                if self.shared and not self._claim(todo, written, result):
+                    return
+                committed = self._publish_claimed(todo, written, result)
+            finally:
+                if self.shared and (unclaim := [k for k in written if k not in committed]):
+                    self._release_claims(unclaim)
+
+    def _skip_stored(self, key: bytes, todo, written, result: PutResult) -> None:
+        self.payloads.discard(written.pop(key)[0])
+        result.deduplicated.append(key)
+        self._index.count_event(todo[key][0].namespace, "dedup_hits")
+
+    def _claim(self, todo, written, result: PutResult) -> bool:
+        """A shared tier: claim the written keys before uploading them (the publish protocol,
+        index.claim). A key another writer claims is its to publish: this put skips it, as a
+        duplicate. Returns False, with every page failed, when the index cannot be reached."""
+        try:
+            mine = self._index.claim(list(written), self.writer_id, self.claim_ttl_s)
+        except DBAPIError as exc:
+            self._fail_all(todo, written, result, "claim", exc)
+            return False
+        for key in [k for k in written if k not in mine]:
+            self._skip_stored(key, todo, written, result)
+        return True
+
+    def _fail_all(self, todo, written, result: PutResult, step: str, exc: DBAPIError) -> None:
+        """The index did not answer before anything was uploaded: every written page fails."""
+        num_pages = len(written)
+        for k in list(written):
+            self.payloads.discard(written.pop(k)[0])
+            result.failed[k] = f"publish failed: index unavailable: {exc.orig}"
+            self._index.count_event(todo[k][0].namespace, "write_errors")
+        self._writes.failed(step, exc, num_pages=num_pages)
+
+    def _release_claims(self, keys: Sequence[bytes]) -> None:
+        try:
+            self._index.release(keys, self.writer_id)
+        except DBAPIError as exc:  # they lapse after claim_ttl_s
+            self._writes.failed("claim release", exc, num_pages=0)
+
+    def _publish_claimed(self, todo, written, result: PutResult) -> list[bytes]:
+        """Evict to make room, upload, then commit the rows (payload first, then row); returns the
+        keys committed. On failure nothing of the batch stays visible."""
+        step, admitted = "index commit", list(written)
+        try:
+            admitted = self._make_room(todo, written, result)  # evicting writes the index too
+            if not admitted:
+                return []
+            now = time.time()
+            rows = [ChunkRow(key=k, parent_key=todo[k][0].parent_key, namespace=todo[k][0].namespace,
+                             num_tokens=self.identity.page_size, raw_bytes=self.identity.page_size_bytes,
+                             stored_bytes=written[k][1], created_at=now, last_access_at=now)
+                    for k in admitted]
+            step = "publish"
+            self.payloads.publish([written[k][0] for k in admitted], self._pool)
+            step = "index commit"
+            if self.shared:
+                held = self._index.insert_claimed(rows, self.writer_id)  # the row replaces the claim
+                for k in [k for k in admitted if k not in held]:
+                    # The claim lapsed while this put ran, and another took it: the key is theirs
+                    # now (its object may be theirs too, or being deleted), so it is left alone.
+                    admitted.remove(k)
+                    result.failed[k] = "publish failed: the claim lapsed before the row was committed"
+                    self._index.count_event(todo[k][0].namespace, "write_errors")
+            else:
+                self._index.insert(rows)
+        except (OSError, DBAPIError) as exc:
+            # Nothing of this batch may stay visible: no row was committed, so the payloads
+            # published (all new keys, checked under this lock, or claimed) are removed again.
+            for k in admitted:
+                self.payloads.discard(written[k][0])
+                with contextlib.suppress(PayloadsUnavailable):  # left without a row: invisible,
+                    self.payloads.delete(k)  # and an orphan for verify --repair or the sweeper
+                result.failed[k] = f"publish failed: {exc}"
+                self._index.count_event(todo[k][0].namespace, "write_errors")
+            self._writes.failed(step, exc, num_pages=len(admitted))
+            return []
+        result.stored.extend(admitted)
+        self._writes.succeeded()
+        return admitted
 
     def _make_room(self, todo, written, result: PutResult) -> list[bytes]:
         """Evict to fit the written pages under quotas and capacity; returns the keys that fit.
@@ -388,19 +477,35 @@ class ChunkStore:
             return False
         excess = self._index.stored_bytes(namespace) + need - limit
         if excess > 0:
-            self._drop(self._plan(EvictionSelection(namespace=namespace, bytes_to_free=excess), protect).victims)
+            with self._index.evictor_lock():  # a shared tier: one evictor at a time, fleet-wide
+                excess = self._index.stored_bytes(namespace) + need - limit
+                if excess > 0:
+                    selection = EvictionSelection(namespace=namespace, bytes_to_free=excess)
+                    self._drop(self._plan(selection, protect).victims)
         return self._index.stored_bytes(namespace) + need <= limit
 
     # -- get / exists ----------------------------------------------------------------------
 
+    def _present(self, keys: Sequence[bytes]) -> set[bytes]:
+        """The stored keys among ``keys``; none while the index does not answer (a database that
+        went away: a miss, logged at most once per interval, never an error to the caller)."""
+        try:
+            present = self._index.present(keys)
+        except DBAPIError as exc:
+            self._reads.failed("index lookup", exc, num_pages=len(keys))
+            return set()
+        self._reads.succeeded()
+        return present
+
     def exists(self, keys: Sequence[bytes]) -> list[bool]:
-        """Whether each key is stored (index only; no file is opened)."""
-        present = self._index.present(keys)
+        """Whether each key is stored (index only; no file is opened). False while the index does
+        not answer."""
+        present = self._present(keys)
         return [k in present for k in keys]
 
     def longest_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many leading keys of a chain are stored."""
-        present = self._index.present(keys)
+        """How many leading keys of a chain are stored (0 while the index does not answer)."""
+        present = self._present(keys)
         n = 0
         for k in keys:
             if k not in present:
@@ -430,7 +535,7 @@ class ChunkStore:
         for out in outs:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
-        present = self._index.present([p.key for p in pages])
+        present = self._present([p.key for p in pages])
         loader = self._background_loader if background else self._loader
         checks = loader.load([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
         hits: list[bool] = []
@@ -441,6 +546,8 @@ class ChunkStore:
             hits.append(check is not None and check.is_ok)
             if check is not None and check.status is FileStatus.MISSING:
                 missing.append(p)
+            elif check is not None and check.status is FileStatus.UNAVAILABLE:
+                self._reads.failed("payload read", PayloadsUnavailable(check.text), num_pages=1)
             elif check is not None and check.is_bad:
                 corrupt.append((p, check.text))
         hit_pages = [p for p, h in zip(pages, hits) if h]
@@ -450,10 +557,13 @@ class ChunkStore:
             self._writes.failed("index flush", exc, num_pages=0)
         for p, h in zip(pages, hits):
             self._index.count_event(p.namespace, "hits" if h else "misses")
-        if missing and not self.read_only:
-            self._drop_missing([p.key for p in missing])
-        for p, why in corrupt:
-            self._quarantine(p.key, p.namespace, why, p)
+        try:
+            if missing and not self.read_only:
+                self._drop_missing([p.key for p in missing])
+            for p, why in corrupt:
+                self._quarantine(p.key, p.namespace, why, p)
+        except DBAPIError as exc:  # the index went away meanwhile: the next miss asks again
+            self._reads.failed("index clean-up", exc, num_pages=0)
         return hits
 
     def verify_file(self, key: bytes, page: PageRef | None = None, out: np.ndarray | None = None,
@@ -522,6 +632,50 @@ class ChunkStore:
         the writer lock; returns how many."""
         with self._index.write_lock:
             return self.payloads.remove_leftovers(keep_own=True)
+
+    @_mutation
+    def sweep(self, grace_s: float = SWEEP_GRACE_S) -> SweepResult:
+        """A shared tier's clean-up, safe on any server at any time (one at a time: the evictor
+        lock). Lapsed publish claims (a writer that died mid-upload or mid-eviction) are taken over
+        and the objects of their keys that have no row deleted; then every object with no row and
+        no claim, last written over ``grace_s`` ago (an upload whose row is about to be committed
+        is younger), is claimed and deleted. A key is claimed before its object goes, so no writer
+        uploads it meanwhile. Nothing to do for a store whose payloads only it writes."""
+        if not self.shared:
+            return SweepResult()
+        lapsed = objects = 0
+        with self._index.evictor_lock():
+            while stale := self._index.lapsed_claims(limit=_DROP_BATCH):
+                lapsed += len(stale)
+                objects += self._delete_claimed([k for k, _ in stale])
+                if len(stale) < _DROP_BATCH:
+                    break
+            cutoff = time.time() - grace_s
+            batch: list[bytes] = []
+            for key in itertools.chain(self.payloads.keys(), [None]):
+                if key is not None:
+                    batch.append(key)
+                if batch and (key is None or len(batch) >= _DROP_BATCH):
+                    stored = self._index.present(batch)
+                    unclaimed = [k for k in batch if k not in stored and k not in self._index.claimed(batch)]
+                    old = [k for k in unclaimed if (t := self.payloads.modified_at(k)) is not None and t < cutoff]
+                    objects += self._delete_claimed(old)
+                    batch = []
+        return SweepResult(lapsed_claims=lapsed, objects_deleted=objects)
+
+    def lapsed_claims(self, now: float | None = None, limit: int = 1000) -> list[tuple[bytes, str]]:
+        """A shared tier's publish claims past their expiry at ``now`` (default: now), as
+        (key, writer): what dead or stalled writers left for the sweeper. Empty otherwise."""
+        return self._index.lapsed_claims(now, limit) if self.shared else []
+
+    def _delete_claimed(self, keys: Sequence[bytes]) -> int:
+        """Claim ``keys`` (wins only unclaimed or lapsed ones, and never a key with a row), delete
+        the objects of those won, release the claims; returns how many objects went."""
+        won = list(self._index.claim(keys, self.writer_id, self.claim_ttl_s)) if keys else []
+        if won:
+            self.payloads.delete_many(won)
+            self._release_claims(won)
+        return len(won)
 
     @_mutation
     def purge_quarantine(self) -> int:
@@ -627,9 +781,10 @@ class ChunkStore:
         else the plan of the same selection made again under the lock (a put, access or pin since
         may have changed the order or made a chunk unsafe to drop), so a stale plan never drops a
         pinned chunk or leaves a hole. Raises as ``plan_eviction`` and ReadOnlyStoreError."""
-        with self._index.write_lock:
+        with self._index.write_lock, self._index.evictor_lock():
             self._index.flush()  # buffered access times count as a change of the order
-            if plan.generation != self._index.generation:
+            # (a shared tier's other writers change it unseen: its plans are always made again)
+            if self.shared or plan.generation != self._index.generation:
                 plan = plan_of(self._index, plan.selection, generation=self._index.generation)
             for i in range(0, len(plan.victims), _DROP_BATCH):
                 self._drop(plan.victims[i:i + _DROP_BATCH])
@@ -661,9 +816,22 @@ class ChunkStore:
     def _drop(self, victims: Sequence[ChunkRow | Victim]) -> None:
         if not victims:
             return
-        self._index.delete([v.key for v in victims])  # row first, then the file
+        keys = [v.key for v in victims]
+        if not self.shared:
+            self._index.delete(keys)  # row first, then the file
+            for key in keys:
+                self.payloads.delete(key)
+        else:
+            # Row first, then the object, with the keys claimed meanwhile so that no other writer
+            # uploads one of them while its object is being deleted.
+            self._index.delete_claiming(keys, self.writer_id, self.claim_ttl_s)
+            try:
+                self.payloads.delete_many(keys)
+            except PayloadsUnavailable as exc:  # the claims lapse; the sweeper deletes the objects
+                self._writes.failed("object delete", exc, num_pages=0)
+            else:
+                self._release_claims(keys)
         for v in victims:
-            self.payloads.delete(v.key)
             self._index.count_event(v.namespace, "evictions")
 
     @_mutation

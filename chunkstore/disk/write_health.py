@@ -46,8 +46,9 @@ def describe(exc: BaseException) -> str:
 class WriteFailures:
     """Records the outcome of the writes to the store at ``folder``; thread-safe."""
 
-    def __init__(self, folder: Path, log_interval_s: float = LOG_INTERVAL_S) -> None:
+    def __init__(self, folder: Path, log_interval_s: float = LOG_INTERVAL_S, kind: str = "write") -> None:
         self.folder = folder
+        self.kind = kind  # "write", or "read" (a shared tier's index or bucket that stops answering)
         self.log_interval_s = log_interval_s
         self._lock = threading.Lock()
         self._health = WriteHealth()
@@ -71,8 +72,8 @@ class WriteFailures:
         if line is None:
             return
         if first:
-            log.error("writes to the store at %s fail: %s (%d page(s)); further failures are summarised at most "
-                      "every %.0f s", self.folder, reason, num_pages, self.log_interval_s)
+            log.error("%ss of the store at %s fail: %s (%d page(s)); further failures are summarised at most "
+                      "every %.0f s", self.kind, self.folder, reason, num_pages, self.log_interval_s)
         else:
             self._log_summary(line)
 
@@ -84,8 +85,8 @@ class WriteFailures:
             line = self._take_line(time.monotonic()) if h.degraded else None
         if line is not None:
             self._log_summary(line)
-            log.warning("writes to the store at %s succeed again (%d failed write(s) since it opened)",
-                        self.folder, h.failures)
+            log.warning("%ss of the store at %s succeed again (%d failed %s(s) since it opened)",
+                        self.kind, self.folder, h.failures, self.kind)
 
     def flush_log(self) -> None:
         """Log the summary still owed (at close)."""
@@ -106,5 +107,5 @@ class WriteFailures:
     def _log_summary(self, line: tuple[int, int, str | None]) -> None:
         count, pages, reason = line
         if count:
-            log.error("%d more write(s) to the store at %s failed (%d page(s)); the last: %s",
-                      count, self.folder, pages, reason)
+            log.error("%d more %s(s) of the store at %s failed (%d page(s)); the last: %s",
+                      count, self.kind, self.folder, pages, reason)

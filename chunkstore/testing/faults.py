@@ -44,6 +44,7 @@ class FaultyPayloads(PayloadStore):
     def __init__(self, inner: PayloadStore):
         self.inner = inner
         self.location = inner.location
+        self.shared_name = inner.shared_name
         self._hooks: dict[str, list[Hook]] = {}
         self._read_through: Callable[..., memoryview] | None = None
         self._lock = threading.Lock()
@@ -199,6 +200,9 @@ class IndexFaults:
 
     insert: bool = False
     delete: bool = False
+    # Set to an Event: row inserts wait until it is set (a writer stalled, or about to die, after
+    # its uploads and before its rows).
+    hold_inserts: threading.Event | None = None
 
 
 class FaultyIndex(ChunkIndex):
@@ -209,10 +213,19 @@ class FaultyIndex(ChunkIndex):
         super().__init__(url, **kwargs)
         self.faults = faults
 
-    def insert(self, rows):
+    def _before_insert(self) -> None:
+        if self.faults.hold_inserts is not None:
+            self.faults.hold_inserts.wait()
         if self.faults.insert:
             raise index_disk_full("INSERT INTO chunks")
+
+    def insert(self, rows):
+        self._before_insert()
         return super().insert(rows)
+
+    def insert_claimed(self, rows, writer):
+        self._before_insert()
+        return super().insert_claimed(rows, writer)
 
     def delete(self, keys):
         if self.faults.delete:

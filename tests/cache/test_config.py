@@ -94,16 +94,28 @@ def test_every_flag_parses():
         "--prefetch-policy", "timeout", "--prefetch-timeout-s", "0.5", "--prefetch-host-share", "0.75",
         "--prefetch-hold-s", "12", "--compression", "zstd", "--disk-load-host-share", "0.25",
         "--eviction-policy", "lfu", "--background-priority", "low",
+        "--index-url", "postgresql+psycopg://kv@db.internal/chunks", "--object-store", "s3://kv-cache/llama",
     )
     c = CacheConfig.from_cli_args(args)
     assert c.model_dump() == {
         "page_size": 16, "device_size": "2GB", "host_ratio": 3.0, "host_size": "8GB", "use_disk": False,
         "disk_path": Path("/data/kv"), "disk_ratio": 4.0, "disk_size": 100.0,
+        "index_url": "postgresql+psycopg://kv@db.internal/chunks", "object_store": "s3://kv-cache/llama",
         "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
         "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5, "prefetch_host_share": 0.75,
         "prefetch_hold_s": 12.0, "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
         "background_priority": ThreadPriority.LOW,
     }
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("index_url", "mysql://db/chunks", "only sqlite"),
+    ("index_url", "not a url", "not a database URL"),
+    ("object_store", "http://bucket/x", "s3://bucket"),
+])
+def test_a_shared_tier_url_that_is_not_one_is_refused(field, value, why):
+    with pytest.raises(ValueError, match=why):
+        CacheConfig(**{field: value})
 
 
 def test_unrelated_namespace_attributes_are_ignored():

@@ -1,0 +1,211 @@
+"""A shared tier: several stores (one per server, each with its own folder) on one index in
+PostgreSQL and one bucket (moto's S3 server here; the end-to-end tests run on radosgw). The
+publish protocol (claim, conditional upload, row), eviction across writers, the sweeper, and the
+index claimed by the shared payloads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from chunkstore import ChunkStore, ModelMismatchError, chain_pages
+from chunkstore.disk.maintenance import gc, verify
+from chunkstore.disk.objects import ObjectPayloads
+from chunkstore.testing.faults import IndexFaults, faulty_index
+from chunkstore.testing.tensors import same_bytes
+from tests.helpers import kv_pages
+
+
+@pytest.fixture
+def open_server(tmp_path, identity, moto_s3, bucket_url, postgres_url):
+    """open_server(name, **kwargs): a store of server ``name`` on the shared tier."""
+    opened: list[ChunkStore] = []
+
+    def open_one(name: str, **kwargs) -> ChunkStore:
+        store = ChunkStore(tmp_path / name, identity, index_url=postgres_url,
+                           payloads=ObjectPayloads(moto_s3.config(bucket_url)), **kwargs)
+        opened.append(store)
+        return store
+
+    yield open_one
+    for store in opened:
+        store.close()
+
+
+def _objects(moto_s3, bucket_url: str, sub: str = "chunks/") -> list[str]:
+    bucket = bucket_url.removeprefix("s3://").split("/")[0]
+    listed = moto_s3.client().list_objects_v2(Bucket=bucket, Prefix=f"fleet/{sub}")
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def test_what_one_server_stores_another_serves(open_server, chain):
+    pages, tensors = chain
+    a, b = open_server("a"), open_server("b")
+    assert a.shared and b.shared and a.writer_id != b.writer_id
+    assert a.put(pages, tensors).ok
+    assert b.longest_prefix([p.key for p in pages]) == len(pages)
+    assert all(same_bytes(g, t) for g, t in zip(b.get(pages), tensors))
+    result = b.put(pages, tensors)  # already there: nothing written twice
+    assert result.stored == [] and len(result.deduplicated) == len(pages)
+
+
+def test_tenants_stay_apart_across_servers(open_server, identity):
+    tokens = list(range(identity.page_size * 3))
+    mine, theirs = chain_pages(identity, tokens, namespace="tenant-a"), chain_pages(identity, tokens, namespace="tenant-b")
+    a, b = open_server("a"), open_server("b")
+    assert a.put(mine, kv_pages(identity, 3)).ok
+    assert b.get(theirs) == [None] * 3 and b.longest_prefix([p.key for p in theirs]) == 0
+
+
+def _stalled_put(store: ChunkStore, pages, tensors) -> tuple[threading.Thread, dict]:
+    """``store.put`` in a thread that uploads, then waits before its rows (the store was opened with
+    a FaultyIndex holding inserts); returns the thread and where its result will be."""
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(result=store.put(pages, tensors)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_key_claimed_by_a_live_writer_is_left_to_it_and_taken_over_once_lapsed(open_server, chain, moto_s3,
+                                                                                   bucket_url):
+    pages, tensors = chain
+    faults = IndexFaults(hold_inserts=threading.Event())
+    a = open_server("a", claim_ttl_s=1.0, index_factory=faulty_index(faults))
+    b = open_server("b")
+    thread, out = _stalled_put(a, pages[:1], tensors[:1])
+    _wait_for(lambda: len(_objects(moto_s3, bucket_url)) == 1)  # a uploaded; its row waits
+    result = b.put(pages[:1], tensors[:1])
+    assert result.stored == [] and result.deduplicated == [pages[0].key]  # a's claim: a's to publish
+    assert b.get(pages[:1]) == [None]  # an object without a row is invisible
+    time.sleep(1.1)  # a's claim lapses
+    assert b.put(pages[:1], tensors[:1]).stored == [pages[0].key]  # taken over; a's object was whole
+    faults.hold_inserts.set()
+    thread.join(10)
+    assert "claim lapsed" in out["result"].failed[pages[0].key]  # a commits no row for b's key
+    assert b.num_chunks() == 1 and same_bytes(a.get(pages[:1])[0], tensors[0])
+
+
+def test_two_servers_racing_to_publish_the_same_pages_store_each_once(open_server, identity):
+    pages = chain_pages(identity, list(range(identity.page_size * 24)))
+    tensors = kv_pages(identity, len(pages))
+    stores = [open_server(name) for name in ("a", "b", "c")]
+    results, start = {}, threading.Barrier(len(stores))
+
+    def race(store: ChunkStore) -> None:
+        start.wait()
+        results[store.writer_id] = store.put(pages, tensors)
+
+    threads = [threading.Thread(target=race, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    stored = [k for r in results.values() for k in r.stored]
+    assert sorted(stored) == sorted(p.key for p in pages)  # every page once, by one writer
+    assert all(not r.failed for r in results.values())
+    assert stores[0].num_chunks() == len(pages) and verify(stores[1]).ok == len(pages)
+
+
+def test_eviction_across_servers_deletes_rows_then_objects(open_server, identity, moto_s3, bucket_url):
+    first = chain_pages(identity, list(range(identity.page_size * 6)))
+    second = chain_pages(identity, list(range(1000, 1000 + identity.page_size * 6)))
+    a = open_server("a")
+    assert a.put(first, kv_pages(identity, 6)).ok
+    per_page = a.stored_bytes() // 6
+    b = open_server("b", capacity_bytes=per_page * 8)  # the whole tier's capacity, as b sees it
+    assert b.put(second, kv_pages(identity, 6)).ok
+    assert b.num_chunks() <= 8 and b.longest_prefix([p.key for p in second]) == 6
+    kept = a.exists([p.key for p in first])
+    assert kept[:sum(kept)] == [True] * sum(kept) and sum(kept) <= 2  # leaf first: the prefix stays
+    assert len(_objects(moto_s3, bucket_url)) == b.num_chunks()  # no object outlives its row
+    assert a.lapsed_claims(now=time.time() + 3600) == []  # the evictor released its claims
+
+
+def test_the_sweeper_removes_what_dead_writers_left(open_server, chain, moto_s3, bucket_url):
+    pages, tensors = chain
+    faults = IndexFaults(hold_inserts=threading.Event())
+    dying = open_server("dying", claim_ttl_s=0.5, index_factory=faulty_index(faults))
+    sweeper = open_server("sweeper")
+    assert sweeper.put(pages[5:6], tensors[5:6]).ok
+    # A writer that uploads four pages, then stalls before their rows (it dies there for the tier).
+    thread, out = _stalled_put(dying, pages[:4], tensors[:4])
+    _wait_for(lambda: len(_objects(moto_s3, bucket_url)) == 5)
+    time.sleep(0.6)
+    assert len(sweeper.lapsed_claims()) == 4
+    swept = sweeper.sweep(grace_s=3600)
+    assert (swept.lapsed_claims, swept.objects_deleted) == (4, 4)
+    assert _objects(moto_s3, bucket_url) == [sweeper.payloads.path_for(pages[5].key)]
+    assert sweeper.lapsed_claims(now=time.time() + 3600) == []
+    faults.hold_inserts.set()  # the stalled writer wakes: its claims were taken, it commits nothing
+    thread.join(10)
+    assert set(out["result"].failed) == {p.key for p in pages[:4]} and sweeper.num_chunks() == 1
+    # An orphan: an object with neither row nor claim. Young, it may be a put in flight; old, it goes.
+    sweeper.payloads.publish([sweeper.payloads.stage(pages[4].key, [b"orphan"])])
+    assert gc(sweeper).swept_objects == 0
+    assert sweeper.sweep(grace_s=0).objects_deleted == 1
+    assert _objects(moto_s3, bucket_url) == [sweeper.payloads.path_for(pages[5].key)]
+    assert same_bytes(sweeper.get(pages[5:6])[0], tensors[5])
+
+
+def test_the_shared_index_is_claimed_by_its_bucket(tmp_path, identity, moto_s3, bucket_url, postgres_url):
+    with ChunkStore(tmp_path / "a", identity, index_url=postgres_url,
+                    payloads=ObjectPayloads(moto_s3.config(bucket_url))):
+        pass
+    with pytest.raises(ModelMismatchError, match="belongs to a shared tier"):
+        ChunkStore(tmp_path / "folder", identity, index_url=postgres_url)
+    other = bucket_url.rsplit("/", 1)[0] + "/another-prefix"
+    with pytest.raises(ModelMismatchError, match="payload_store"):
+        ChunkStore(tmp_path / "b", identity, index_url=postgres_url, payloads=ObjectPayloads(moto_s3.config(other)))
+
+
+WRITER = textwrap.dedent("""
+    import sys
+    from chunkstore import ChunkStore, chain_pages
+    from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+    from tests.helpers import TINY, kv_pages
+
+    folder, index_url, bucket_url, endpoint = sys.argv[1:5]
+    config = ObjectStoreConfig(bucket_url, endpoint_url=endpoint, region="us-east-1",
+                               access_key_id="chunkstore-test", secret_access_key="chunkstore-test-secret")
+    store = ChunkStore(folder, TINY, index_url=index_url, payloads=ObjectPayloads(config), claim_ttl_s=1.0)
+    print("ready", flush=True)
+    for i in range(10_000):  # killed long before the end
+        pages = chain_pages(TINY, list(range(i * 1000, i * 1000 + TINY.page_size * 8)))
+        store.put(pages, kv_pages(TINY, len(pages)))
+""")
+
+
+def test_a_writer_killed_mid_publish_never_shows_a_partial_chunk(tmp_path, open_server, moto_s3, bucket_url,
+                                                                postgres_url):
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "dead"), postgres_url, bucket_url,
+                              moto_s3.endpoint_url], stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout.readline().strip() == b"ready"
+        time.sleep(2.0)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    reader = open_server("reader")
+    assert reader.num_chunks() > 0
+    report = verify(reader)
+    assert report.ok == reader.num_chunks() and report.missing == report.corrupt == 0  # every row's object whole
+    time.sleep(1.1)  # the dead writer's claims lapse
+    swept = reader.sweep(grace_s=0)
+    assert reader.lapsed_claims(now=time.time() + 3600) == []
+    assert len(_objects(moto_s3, bucket_url)) == reader.num_chunks()  # nothing it uploaded is left unindexed
+    assert swept.objects_deleted <= swept.lapsed_claims + 1
