@@ -6,8 +6,11 @@ PostgreSQL's binaries or psycopg are missing, except under CI (the CI variable s
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -88,3 +91,25 @@ def bucket_url(moto_s3) -> str:
     name = f"test-{uuid.uuid4().hex[:16]}"
     moto_s3.create_bucket(name)
     return f"s3://{name}/fleet"
+
+
+@pytest.fixture
+def restartable_postgres(postgres_server):
+    """A second PostgreSQL server whose cluster survives ``stop`` (started again with ``start``)."""
+    from chunkstore.testing.postgres import PostgresServer
+
+    folder = Path(tempfile.mkdtemp(prefix="chunkstore-pg-"))
+    os.chmod(folder, 0o755)  # the server's OS user must reach the cluster (as root it is postgres)
+    server = PostgresServer(folder / "pg")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_s3(moto_s3):
+    """The S3 server of the shared tier's end-to-end tests (create_bucket, aws_env, config)."""
+    return moto_s3

@@ -6,32 +6,10 @@ folder its server user can keep (so that its data outlives a stop)."""
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
-from pathlib import Path
-
-import pytest
 
 from chunkstore import ChunkStore
 from chunkstore.disk.objects import ObjectPayloads
 from chunkstore.testing.tensors import same_bytes
-
-
-@pytest.fixture
-def restartable_postgres(postgres_server):
-    """A second PostgreSQL server whose cluster survives ``stop`` (started again with ``start``)."""
-    from chunkstore.testing.postgres import PostgresServer
-
-    folder = Path(tempfile.mkdtemp(prefix="chunkstore-pg-"))
-    os.chmod(folder, 0o755)  # the server's OS user must reach the cluster (as root it is postgres)
-    server = PostgresServer(folder / "pg")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_database_that_goes_away_is_a_miss_and_the_store_recovers(tmp_path, identity, chain, moto_s3, bucket_url,

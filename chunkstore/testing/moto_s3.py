@@ -91,6 +91,11 @@ class MotoS3Server:
     def create_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
 
+    def aws_env(self) -> dict[str, str]:
+        """The AWS variables a `chunkstore serve` process reaches this server with."""
+        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": self.region,
+                "AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+
     def config(self, url: str, **overrides) -> ObjectStoreConfig:
         """An ObjectStoreConfig for ``url`` (s3://bucket/prefix) on this server."""
         return ObjectStoreConfig(url, endpoint_url=self.endpoint_url, region=self.region,
