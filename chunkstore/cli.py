@@ -276,6 +276,8 @@ COMMANDS = (
             module="chunkstore.bench.sglang"),
     Command(("bench", "vllm"), "the multi-turn workload on vLLM: without the connector, with it, after a restart",
             module="chunkstore.bench.vllm"),
+    Command(("bench", "fleet"), "N servers on one shared tier against private tiers and one server; publish and "
+            "read against raw PUT and GET", module="chunkstore.bench.fleet"),
     Command(("bench", "startup"), "start-up of the CLI and of serve against importing torch and transformers",
             module="chunkstore.bench.startup"),
     Command(("serve",), "OpenAI- and SGLang-compatible HTTP server over the engine and the cache",

@@ -115,6 +115,14 @@ class ObjectPayloads(PayloadStore):
         self._local = threading.local()
 
     def _open(self, bucket: str):
+        try:
+            return self._ob.store.S3Store(bucket, **self.store_options())
+        except self._errors.BaseError as exc:
+            raise ValueError(f"cannot configure the object store {self.location}: {exc}") from exc
+
+    def store_options(self) -> dict:
+        """The keyword arguments of obstore's S3Store for this config (the benchmark's raw
+        requests use the same client settings)."""
         cfg = self.config
         kwargs: dict[str, object] = {}
         if cfg.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"):
@@ -129,10 +137,7 @@ class ObjectPayloads(PayloadStore):
         client = {"timeout": f"{cfg.timeout_s}s", "connect_timeout": f"{cfg.connect_timeout_s}s",
                   "allow_http": str(kwargs.get("endpoint", "")).startswith("http://")}
         retry = {"max_retries": cfg.max_retries, "retry_timeout": _timedelta(cfg.retry_timeout_s)}
-        try:
-            return self._ob.store.S3Store(bucket, client_options=client, retry_config=retry, **kwargs)
-        except self._errors.BaseError as exc:
-            raise ValueError(f"cannot configure the object store {self.location}: {exc}") from exc
+        return {"client_options": client, "retry_config": retry, **kwargs}
 
     # -- names -----------------------------------------------------------------------------
 

@@ -1,0 +1,309 @@
+"""``chunkstore bench fleet``: N servers behind a round-robin client, on one shared tier (PostgreSQL
+and an S3 bucket) against N servers with private disk tiers and one server alone, on the same
+multi-turn workload; then the shared tier's per-page publish and read against the object store's
+raw PUT and GET, and the index query per request.
+
+Invariants: every configuration runs the same workload (workload.py) with the same per-server
+device and host pools; the client sends request k to server k mod N, so a client's next round
+lands on another server (as a load balancer without affinity sends it); the servers run in this
+process (one engine each, their own scheduler threads), each with its own data folder. Throughputs
+are MB/s of payload bytes moved, raw and through the store measured in the same run on the same
+bucket, with the store's codec off (so both move the same bytes) and the same thread count. Targets
+are reported, never asserted (common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chunkstore.bench.common import Row, Target, record_targets, table_lines, verdict, verdict_line
+from chunkstore.bench.workload import Workload, drive
+from chunkstore.output import add_output_arguments
+
+PROG = "chunkstore bench fleet"
+HIT_RATE_TARGET = 0.95  # the shared fleet's hit rate / one server's
+THROUGHPUT_TARGET = 0.8  # the store's publish and read MB/s / the object store's raw PUT and GET
+CONFIGS = ("one-server", "private-tiers", "shared-tier")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    workload: Workload = field(default_factory=lambda: Workload(num_clients=8, num_rounds=4, request_length=64,
+                                                                 output_length=4, max_parallel=4,
+                                                                 request_rate=2.0))
+    servers: int = 3
+    preset: str = "tiny"
+    page_size: int = 16
+    device_pages: int = 64
+    host_pages: int = 128
+    index_url: str | None = None  # None: a throwaway PostgreSQL server (Debian's postgresql)
+    object_store: str | None = None  # None: a throwaway moto S3 server; else from the AWS_* variables
+    io_pages: int = 256
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.servers < 2:
+            raise ValueError(f"--servers must be at least 2, got {self.servers}")
+        for name in ("page_size", "device_pages", "host_pages", "io_pages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.host_pages < self.device_pages:
+            raise ValueError("--host-pages must not be smaller than --device-pages")
+        if (self.index_url is None) != (self.object_store is None):
+            raise ValueError("give both --index-url and --object-store, or neither (throwaway local services)")
+
+
+# ---- the shared tier's services -------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    index_url: str
+    object_store: str
+    description: str
+
+
+@contextlib.contextmanager
+def services(cfg: FleetConfig, work: Path) -> Iterator[Services]:
+    """The given index and bucket, or a throwaway PostgreSQL and moto S3 server (set into this
+    process's AWS_* variables, which the servers' object store reads)."""
+    if cfg.index_url is not None:
+        yield Services(cfg.index_url, cfg.object_store, f"{_display(cfg.index_url)} and {cfg.object_store}")
+        return
+    from chunkstore.testing.moto_s3 import MotoS3Server
+    from chunkstore.testing.postgres import PostgresServer
+
+    with PostgresServer(work / "postgres") as pg, MotoS3Server(log_path=work / "moto.log") as s3:
+        s3.create_bucket("fleet")
+        saved = {k: os.environ.get(k) for k in s3.aws_env()}
+        os.environ.update(s3.aws_env())
+        try:
+            yield Services(pg.create_database("fleet"), "s3://fleet/bench",
+                           "a throwaway PostgreSQL server and moto's S3 server on 127.0.0.1")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _display(url: str) -> str:
+    from chunkstore.disk.index import display_url
+
+    return display_url(url)
+
+
+# ---- the fleet runs -------------------------------------------------------------------------------
+
+def _cache_config(cfg: FleetConfig, folder: Path, shared: Services | None):
+    from chunkstore.cache.config import CacheConfig
+
+    extra = {"index_url": shared.index_url, "object_store": shared.object_store} if shared else {}
+    return CacheConfig(page_size=cfg.page_size, device_size=f"{cfg.device_pages}pages",
+                       host_size=f"{cfg.host_pages}pages", use_disk=True, write_policy="write_through",
+                       disk_path=folder, **extra)
+
+
+def _run_config(name: str, cfg: FleetConfig, loaded, work: Path, shared: Services | None) -> dict:
+    from chunkstore.bench.multiturn import engine_sender
+    from chunkstore.engine import Engine, EngineConfig
+
+    count = 1 if name == "one-server" else cfg.servers
+    engines = [Engine(loaded, _cache_config(cfg, work / name / f"server-{i}", shared),
+                      EngineConfig(max_queue_size=64, max_running_requests=1)) for i in range(count)]
+    senders = [engine_sender(e, cfg.workload, fresh_namespaces=False) for e in engines]
+    turn = iter(range(1 << 62))
+
+    def send(client, round_index, conversation):
+        return senders[next(turn) % count](client, round_index, conversation)
+
+    try:
+        result = drive(cfg.workload, send)
+    finally:
+        for engine in engines:
+            engine.close()
+    replies = [r.reply for r in result.records]
+    prompt = sum(r.prompt_tokens for r in replies)
+    cached = sum(r.cached_tokens for r in replies)
+    disk = sum(r.tier_tokens["disk"] for r in replies)
+    return {"name": name, "servers": count, "hit_rate": cached / prompt if prompt else 0.0,
+            "disk_hit_rate": disk / prompt if prompt else 0.0,
+            "mean_ttft_s": statistics.fmean(r.ttft_s for r in replies), "duration_s": result.duration_s}
+
+
+# ---- publish and read against raw PUT and GET -------------------------------------------------------
+
+def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
+    import obstore
+    import torch
+
+    from chunkstore.disk.codec import Codec
+    from chunkstore.disk.keys import chain_pages
+    from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+    from chunkstore.disk.store import ChunkStore
+
+    identity = loaded.identity(cfg.page_size)
+    pages = chain_pages(identity, [(i * 7919) % 251 for i in range(cfg.io_pages * cfg.page_size)], namespace=f"io-{uuid.uuid4().hex[:8]}")
+    payloads = ObjectPayloads(ObjectStoreConfig(shared.object_store))
+    with ChunkStore(work / "io-store", identity, index_url=shared.index_url, payloads=payloads,
+                    codec=Codec.NONE) as store:
+        generator = torch.Generator().manual_seed(0)
+        tensors = [torch.randn(identity.page_shape, generator=generator).to(store.torch_dtype) for _ in pages]
+        threads = store.num_workers
+        batch = 32
+        began = time.perf_counter()
+        for i in range(0, len(pages), batch):
+            result = store.put(pages[i:i + batch], tensors[i:i + batch])
+            if result.failed:
+                raise RuntimeError(f"a put failed: {next(iter(result.failed.values()))}")
+        put_s = time.perf_counter() - began
+        rows = store.chunk_rows([p.key for p in pages])
+        stored = sum(r.stored_bytes for r in rows.values())
+        outs = [torch.empty(identity.page_shape, dtype=tensors[0].dtype) for _ in pages]
+        began = time.perf_counter()
+        for i in range(0, len(pages), batch):
+            if not all(store.get_into(pages[i:i + batch], outs[i:i + batch])):
+                raise RuntimeError("a page read back from the shared tier missed")
+        get_s = time.perf_counter() - began
+        chains = [[p.key for p in pages[:n]] for n in (8, 32, 128)]
+        lookups = 30
+        began = time.perf_counter()
+        for i in range(lookups):
+            store.longest_prefix(chains[i % len(chains)])
+        lookup_s = (time.perf_counter() - began) / lookups
+    # The same bytes, raw: one PUT and one GET per object on as many threads, no index, no codec.
+    size = stored // len(pages)
+    body = os.urandom(size)
+    raw = obstore.store.S3Store.from_url(f"{shared.object_store}/raw-{uuid.uuid4().hex[:8]}",
+                                         **payloads.store_options())
+    names = [f"o{i}" for i in range(len(pages))]
+    with ThreadPoolExecutor(threads) as pool:
+        began = time.perf_counter()
+        list(pool.map(lambda n: obstore.put(raw, n, body, use_multipart=False), names))
+        raw_put_s = time.perf_counter() - began
+        began = time.perf_counter()
+        list(pool.map(lambda n: obstore.get(raw, n).bytes(), names))
+        raw_get_s = time.perf_counter() - began
+    mb = stored / 1e6
+    return {
+        "pages": len(pages), "page_bytes": size, "threads": threads,
+        "publish_mb_s": mb / put_s, "raw_put_mb_s": mb / raw_put_s, "publish_vs_raw": raw_put_s / put_s,
+        "read_mb_s": mb / get_s, "raw_get_mb_s": mb / raw_get_s, "read_vs_raw": raw_get_s / get_s,
+        "publish_ms_per_page": put_s * 1e3 / len(pages), "raw_put_ms_per_object": raw_put_s * 1e3 / len(pages),
+        "read_ms_per_page": get_s * 1e3 / len(pages), "raw_get_ms_per_object": raw_get_s * 1e3 / len(pages),
+        "index_lookup_ms_per_request": lookup_s * 1e3,
+    }
+
+
+# ---- the benchmark ------------------------------------------------------------------------------------
+
+def run_fleet_bench(cfg: FleetConfig) -> dict:
+    from chunkstore.engine import load_model
+
+    loaded = load_model(cfg.preset)
+    with tempfile.TemporaryDirectory(prefix="chunkstore-bench-fleet-") as tmp:
+        work = Path(tmp)
+        with services(cfg, work) as shared:
+            runs = {}
+            for name in CONFIGS:
+                if cfg.show_progress:
+                    print(f"{PROG}: {name} ...", file=sys.stderr)
+                runs[name] = _run_config(name, cfg, loaded, work, shared if name == "shared-tier" else None)
+            io = _measure_io(cfg, loaded, shared, work)
+    one, shared_run = runs["one-server"]["hit_rate"], runs["shared-tier"]["hit_rate"]
+    result = {
+        "setting": f"{cfg.servers} servers of the {cfg.preset} preset, page {cfg.page_size} tokens, device "
+                   f"{cfg.device_pages} + host {cfg.host_pages} pages each; {cfg.workload.num_clients} clients x "
+                   f"{cfg.workload.num_rounds} rounds, round-robin; shared tier on {shared.description}",
+        "runs": list(runs.values()),
+        "shared_vs_one_server": shared_run / one if one else None,
+        "private_vs_one_server": runs["private-tiers"]["hit_rate"] / one if one else None,
+        "io": io,
+    }
+    record_targets(result, [
+        Target("shared_vs_one_server", result["shared_vs_one_server"] or 0.0, ">=", HIT_RATE_TARGET),
+        Target("publish_vs_raw", io["publish_vs_raw"], ">=", THROUGHPUT_TARGET),
+        Target("read_vs_raw", io["read_vs_raw"], ">=", THROUGHPUT_TARGET),
+    ])
+    return result
+
+
+def format_table(result: dict) -> str:
+    rows: list[Row] = []
+    for run in result["runs"]:
+        rows.append((f"{run['name']} ({run['servers']} server(s)): hit rate", f"{run['hit_rate']:.3f}", "", ""))
+        rows.append(("  of it from disk / mean TTFT", f"{run['disk_hit_rate']:.3f}", f"{run['mean_ttft_s'] * 1e3:.0f} ms",
+                     ""))
+    rows.append(("shared tier / one server (hit rate)", f"{result['shared_vs_one_server']:.2f}",
+                 *verdict(result, "shared_vs_one_server")))
+    rows.append(("private tiers / one server (hit rate)", f"{result['private_vs_one_server']:.2f}", "", ""))
+    io = result["io"]
+    rows.append(("publish MB/s (raw PUT MB/s)", f"{io['publish_mb_s']:.1f}", f"({io['raw_put_mb_s']:.1f})", ""))
+    rows.append(("publish / raw PUT", f"{io['publish_vs_raw']:.2f}", *verdict(result, "publish_vs_raw")))
+    rows.append(("read MB/s (raw GET MB/s)", f"{io['read_mb_s']:.1f}", f"({io['raw_get_mb_s']:.1f})", ""))
+    rows.append(("read / raw GET", f"{io['read_vs_raw']:.2f}", *verdict(result, "read_vs_raw")))
+    rows.append(("ms per page: publish, read", f"{io['publish_ms_per_page']:.2f}", f"{io['read_ms_per_page']:.2f}", ""))
+    rows.append(("ms per object: raw PUT, GET", f"{io['raw_put_ms_per_object']:.2f}",
+                 f"{io['raw_get_ms_per_object']:.2f}", ""))
+    rows.append(("index lookup per request (ms)", f"{io['index_lookup_ms_per_request']:.2f}", "", ""))
+    return "\n".join([result["setting"], "", *table_lines(rows, target_width=9), "", verdict_line(result)])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = FleetConfig()
+    w = d.workload
+    parser.add_argument("--servers", type=int, default=d.servers, help=f"servers in the fleet (default {d.servers})")
+    parser.add_argument("--num-clients", type=int, default=w.num_clients, help=f"conversations (default {w.num_clients})")
+    parser.add_argument("--num-rounds", type=int, default=w.num_rounds, help=f"requests per client (default {w.num_rounds})")
+    parser.add_argument("--request-length", type=int, default=w.request_length,
+                        help=f"tokens of each new question (default {w.request_length})")
+    parser.add_argument("--output-length", type=int, default=w.output_length,
+                        help=f"tokens of each reply (default {w.output_length})")
+    parser.add_argument("--request-rate", type=float, default=w.request_rate,
+                        help=f"requests per second across all clients, Poisson (default {w.request_rate:g}: a "
+                             f"client's next turn comes some seconds after its reply, as a person's does; inf "
+                             f"sends at once, before the reply's pages can be published)")
+    parser.add_argument("--preset", default=d.preset, help=f"built-in model: tiny, small (default {d.preset})")
+    parser.add_argument("--page-size", type=int, default=d.page_size, help=f"tokens per page (default {d.page_size})")
+    parser.add_argument("--device-pages", type=int, default=d.device_pages,
+                        help=f"each server's device pool, in pages (default {d.device_pages})")
+    parser.add_argument("--host-pages", type=int, default=d.host_pages,
+                        help=f"each server's host pool, in pages (default {d.host_pages})")
+    parser.add_argument("--io-pages", type=int, default=d.io_pages,
+                        help=f"pages of the publish and read measurement (default {d.io_pages})")
+    parser.add_argument("--index-url", default=None, metavar="URL",
+                        help="the shared tier's PostgreSQL database (default: a throwaway local server; needs "
+                             "Debian's postgresql)")
+    parser.add_argument("--object-store", default=None, metavar="URL",
+                        help="the shared tier's bucket, s3://BUCKET/PREFIX, reached through the AWS_* variables "
+                             "(default: a throwaway moto S3 server)")
+    add_output_arguments(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+
+
+def config_from_args(args: argparse.Namespace) -> FleetConfig:
+    workload = Workload(num_clients=args.num_clients, num_rounds=args.num_rounds, request_length=args.request_length,
+                        output_length=args.output_length, max_parallel=4, request_rate=args.request_rate)
+    return FleetConfig(workload=workload, servers=args.servers, preset=args.preset, page_size=args.page_size,
+                       device_pages=args.device_pages, host_pages=args.host_pages, index_url=args.index_url,
+                       object_store=args.object_store, io_pages=args.io_pages, show_progress=not args.no_progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    from chunkstore.bench.common import run_bench
+
+    return run_bench(args, PROG, lambda: config_from_args(args), run_fleet_bench, format_table,
+                     failures=(RuntimeError, OSError, ImportError), failed="the benchmark failed")
