@@ -1,6 +1,6 @@
 """Chunk payloads in an S3 bucket (ObjectPayloads, on moto's S3 server, a child process the suite
 starts): the store's contract tests that take the ``store`` fixture run again with their payloads
-in a fresh bucket, then what only an object store has: a damaged object is quarantined in the
+in a fresh bucket (under a SQLite index, and as a shared tier under PostgreSQL), then what only an object store has: a damaged object is quarantined in the
 bucket, a bucket that stops answering is a miss that deletes nothing, a missing bucket is a clear
 error at open, and payloads in a bucket under an index on PostgreSQL."""
 
@@ -32,9 +32,12 @@ for _module in (test_store, test_store_delete):
             globals()[_name] = _test
 
 
-@pytest.fixture
-def store(tmp_path, identity, moto_s3, bucket_url):
-    s = ChunkStore(tmp_path / "store", identity, payloads=ObjectPayloads(moto_s3.config(bucket_url)))
+@pytest.fixture(params=["sqlite-index", "shared-tier"])
+def store(request, tmp_path, identity, moto_s3, bucket_url):
+    """A store on a bucket, under its own SQLite index or (a shared tier) an index on PostgreSQL."""
+    index_url = request.getfixturevalue("postgres_url") if request.param == "shared-tier" else None
+    s = ChunkStore(tmp_path / "store", identity, payloads=ObjectPayloads(moto_s3.config(bucket_url)),
+                   index_url=index_url)
     yield s
     s.close()
 

@@ -586,8 +586,13 @@ class ChunkStore:
             check = self.verify_file(key, page, row=row)
             if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
                 return False
-            self._index.delete([key])
-            moved = self.payloads.quarantine(key)
+            if not self.shared:
+                self._index.delete([key])
+                moved = self.payloads.quarantine(key)
+            else:  # claimed while it moves, so that no other writer uploads the key meanwhile
+                self._index.delete_claiming([key], self.writer_id, self.claim_ttl_s)
+                moved = self.payloads.quarantine(key)
+                self._release_claims([key])
         if moved is None:
             return False
         self._index.count_event(namespace, "quarantined")
