@@ -295,6 +295,7 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
             with _progress(cfg, setup.value) as bar:
                 result = drive(w, engine_sender(engine, w, fresh_namespaces=setup is Setup.NO_CACHE),
                                on_reply=lambda _: bar.update())
+            engine.cache.wait_idle(60)  # the copies the run queued (write-through) count in its figures
             stats = engine.stats()
             cpu = store_cpu_s() if extra["uses_disk"] else None  # before close joins the store's threads
         finally:
