@@ -54,6 +54,10 @@ def test_what_one_server_stores_another_serves(open_server, chain):
     assert all(same_bytes(g, t) for g, t in zip(b.get(pages), tensors))
     result = b.put(pages, tensors)  # already there: nothing written twice
     assert result.stored == [] and len(result.deduplicated) == len(pages)
+    stats = b.stats()  # the whole tier's rows, and what only a shared tier has
+    assert stats.num_chunks == len(pages) and stats.shared.writer_id == b.writer_id
+    assert stats.shared.payload_store == a.payloads.shared_name and stats.shared.index.startswith("postgresql")
+    assert (stats.shared.claims, stats.shared.lapsed_claims) == (0, 0) and not stats.shared.read_health.degraded
 
 
 def test_tenants_stay_apart_across_servers(open_server, identity):

@@ -66,6 +66,24 @@ class WriteHealthPublic(BaseModel):
                    last_error_at=h.last_error_at, last_ok_at=h.last_ok_at)
 
 
+class SharedTierPublic(BaseModel):
+    """A shared tier (many servers on one PostgreSQL index and one bucket, docs/FLEET.md) as this
+    server sees it; the disk figures beside it are the whole tier's."""
+
+    payload_store: str = Field(description="the bucket URL every server of the tier names")
+    index: str = Field(description="the index's database, its password hidden")
+    writer_id: str = Field(description="this server's name in the publish claims")
+    claims: int = Field(description="publish claims held now, by any server")
+    lapsed_claims: int = Field(description="of them, past their expiry: dead or stalled writers' (gc sweeps them)")
+    read_health: WriteHealthPublic = Field(description="this server's failed index lookups and object reads "
+                                                       "(the database or the bucket not answering)")
+
+    @classmethod
+    def of(cls, s) -> "SharedTierPublic":
+        return cls(payload_store=s.payload_store, index=s.index, writer_id=s.writer_id, claims=s.claims,
+                   lapsed_claims=s.lapsed_claims, read_health=WriteHealthPublic.of(s.read_health))
+
+
 class DiskPublic(BaseModel):
     num_chunks: int
     raw_bytes: int
@@ -80,6 +98,8 @@ class DiskPublic(BaseModel):
     write_errors: int | None = Field(None, description="failed page writes, kept in the index across restarts; "
                                                       "store-wide only")
     write_health: WriteHealthPublic | None = Field(None, description="store-wide only")
+    shared_tier: SharedTierPublic | None = Field(None, description="a shared tier's own figures (store-wide "
+                                                                   "only; none for a store of its own)")
     read_only: bool
 
     @classmethod
@@ -88,6 +108,7 @@ class DiskPublic(BaseModel):
                    capacity_bytes=s.capacity_bytes, compression_ratio=s.compression_ratio, hits=s.hits,
                    misses=s.misses, dedup_hits=s.dedup_hits, evictions=s.evictions, quarantined=s.quarantined,
                    write_errors=s.write_errors, write_health=WriteHealthPublic.of(s.write_health),
+                   shared_tier=SharedTierPublic.of(s.shared) if s.shared is not None else None,
                    read_only=read_only)
 
     @classmethod

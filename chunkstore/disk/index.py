@@ -638,6 +638,15 @@ class ChunkIndex:
                     .order_by(chunk_claims.c.expires_at).limit(limit))
             return [(bytes(k), w) for k, w in conn.execute(stmt)]
 
+    def claim_counts(self, now: float | None = None) -> tuple[int, int]:
+        """(claims held, of them lapsed at ``now``)."""
+        now = time.time() if now is None else now
+        with self.engine.connect() as conn:
+            total = conn.execute(select(func.count()).select_from(chunk_claims)).scalar()
+            lapsed = conn.execute(select(func.count()).select_from(chunk_claims)
+                                  .where(chunk_claims.c.expires_at < now)).scalar()
+        return int(total), int(lapsed)
+
     def claimed(self, keys: Sequence[bytes]) -> set[bytes]:
         """The keys among ``keys`` that some writer claims now (lapsed or not)."""
         found: set[bytes] = set()

@@ -58,6 +58,19 @@ class NamespaceStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SharedTierStats:
+    """A shared tier as one of its servers sees it (StoreStats.shared); the rows and bytes of
+    StoreStats are the whole tier's."""
+
+    payload_store: str  # the bucket URL every server names
+    index: str  # the database, its password hidden
+    writer_id: str  # this server's name in the publish claims
+    claims: int  # publish claims held now, by any server
+    lapsed_claims: int  # of them, past their expiry (dead or stalled writers; the sweeper's)
+    read_health: WriteHealth = WriteHealth()  # this process's failed lookups and reads (an outage)
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStats:
     num_chunks: int
     raw_bytes: int
@@ -72,6 +85,7 @@ class StoreStats:
     write_errors: int  # failed page writes, kept in the index (across restarts)
     namespaces: tuple[NamespaceStats, ...]
     write_health: WriteHealth = WriteHealth()  # this process's view: failures since the store opened
+    shared: SharedTierStats | None = None  # a shared tier's own figures; None for a store of its own
 
 
 def store_stats(counts: dict[tuple[str, str], int], usage: Iterable[NamespaceUsage], capacity_bytes: int | None,

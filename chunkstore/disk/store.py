@@ -27,6 +27,7 @@ verified), eviction.py (the plans), results.py (what the methods return).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -55,7 +56,7 @@ from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
 from chunkstore.disk.results import (STORE_WIDE, EvictResult, NamespaceStats, PutResult, ReadOnlyStoreError, StoreStats,
-                                     SweepResult, store_stats)
+                                     SharedTierStats, SweepResult, store_stats)
 from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
                                           check_identity, make_private_once, read_identity, store_root,
                                           warn_if_not_private)
@@ -879,5 +880,12 @@ class ChunkStore:
     # -- stats -----------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
-        return store_stats(self._index.counter_values(), self._index.usage(), self.capacity_bytes,
-                           self._writes.health())
+        stats = store_stats(self._index.counter_values(), self._index.usage(), self.capacity_bytes,
+                            self._writes.health())
+        if not self.shared:
+            return stats
+        claims, lapsed = self._index.claim_counts()
+        shared = SharedTierStats(payload_store=self.payloads.shared_name, index=self._index.name,
+                                 writer_id=self.writer_id, claims=claims, lapsed_claims=lapsed,
+                                 read_health=self._reads.health())
+        return dataclasses.replace(stats, shared=shared)

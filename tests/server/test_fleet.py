@@ -103,6 +103,8 @@ def test_a_prompt_sent_to_one_server_is_a_hit_on_another_also_after_restarts(fle
     on_b = complete(b, prompt)
     assert on_b["choices"][0]["text"] == first["choices"][0]["text"]  # greedy: the same output
     assert cached(on_b)["disk"] == cached(on_b)["total"] > 0  # from the shared tier
+    disk = b.client.get("/api/v1/stats").json()["disk"]  # the management API shows the tier
+    assert disk["num_chunks"] == fleet.rows() and disk["shared_tier"]["payload_store"] == fleet.bucket_url
     for proc in (a, b):
         proc.signal(signal.SIGTERM)
         assert proc.wait() == 0
