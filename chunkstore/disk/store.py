@@ -641,8 +641,7 @@ class ChunkStore:
 
     @_mutation
     def sweep(self, grace_s: float = SWEEP_GRACE_S) -> SweepResult:
-        """A shared tier's clean-up, safe on any server at any time (one at a time: the evictor
-        lock). Lapsed publish claims (a writer that died mid-upload or mid-eviction) are taken over
+        """A shared tier's clean-up, safe on any server at any time. Lapsed publish claims (a writer that died mid-upload or mid-eviction) are taken over
         and the objects of their keys that have no row deleted; then every object with no row and
         no claim, last written over ``grace_s`` ago (an upload whose row is about to be committed
         is younger), is claimed and deleted. A key is claimed before its object goes, so no writer
@@ -650,23 +649,24 @@ class ChunkStore:
         if not self.shared:
             return SweepResult()
         lapsed = objects = 0
-        with self._index.evictor_lock():
-            while stale := self._index.lapsed_claims(limit=_DROP_BATCH):
-                lapsed += len(stale)
-                objects += self._delete_claimed([k for k, _ in stale])
-                if len(stale) < _DROP_BATCH:
-                    break
-            cutoff = time.time() - grace_s
-            batch: list[bytes] = []
-            for key in itertools.chain(self.payloads.keys(), [None]):
-                if key is not None:
-                    batch.append(key)
-                if batch and (key is None or len(batch) >= _DROP_BATCH):
-                    stored = self._index.present(batch)
-                    unclaimed = [k for k in batch if k not in stored and k not in self._index.claimed(batch)]
-                    old = [k for k in unclaimed if (t := self.payloads.modified_at(k)) is not None and t < cutoff]
-                    objects += self._delete_claimed(old)
-                    batch = []
+        # No lock beyond the claims: each removal holds its key's claim, and a sweep that ran beside
+        # another finds their keys claimed or gone.
+        while stale := self._index.lapsed_claims(limit=_DROP_BATCH):
+            lapsed += len(stale)
+            objects += self._delete_claimed([k for k, _ in stale])
+            if len(stale) < _DROP_BATCH:
+                break
+        cutoff = time.time() - grace_s
+        batch: list[bytes] = []
+        for key in itertools.chain(self.payloads.keys(), [None]):
+            if key is not None:
+                batch.append(key)
+            if batch and (key is None or len(batch) >= _DROP_BATCH):
+                stored = self._index.present(batch)
+                unclaimed = [k for k in batch if k not in stored and k not in self._index.claimed(batch)]
+                old = [k for k in unclaimed if (t := self.payloads.modified_at(k)) is not None and t < cutoff]
+                objects += self._delete_claimed(old)
+                batch = []
         return SweepResult(lapsed_claims=lapsed, objects_deleted=objects)
 
     def lapsed_claims(self, now: float | None = None, limit: int = 1000) -> list[tuple[bytes, str]]:
