@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny model identity and deterministic KV pages for it; a real PostgreSQL server
-(one per run) and a fresh database on it per test. The PostgreSQL tests skip, with the reason, where
-PostgreSQL's binaries or psycopg are missing, except under CI (the CI variable set), where they fail.
+(one per run) and a fresh database on it per test; moto's S3 server and Ceph's RADOS Gateway (one
+each per run) and fresh buckets on them. The tests of a server skip, with the reason, where its
+binaries or client are missing, except under CI (the CI variable set), where they fail.
 """
 
 from __future__ import annotations
@@ -109,7 +110,35 @@ def restartable_postgres(postgres_server):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def radosgw_installed() -> bool:
+    from chunkstore.testing.radosgw import RadosGateway, RadosGatewayNotInstalled
+
+    try:
+        RadosGateway.find_binaries()
+    except RadosGatewayNotInstalled:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def radosgw(tmp_path_factory):
+    """Ceph's RADOS Gateway (one monitor, one memstore OSD, radosgw on 127.0.0.1) for the whole
+    run, stopped by its PIDs at the end. Skips without Ceph's packages, except under CI."""
+    from chunkstore.testing.radosgw import RadosGateway
+
+    if not radosgw_installed():
+        reason = "needs Ceph's RADOS Gateway: apt-get install ceph-mon ceph-osd radosgw ceph-common"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
+        pytest.skip(reason)
+    with RadosGateway(tmp_path_factory.mktemp("radosgw")) as gateway:
+        yield gateway
+
+
 @pytest.fixture
-def shared_s3(moto_s3):
-    """The S3 server of the shared tier's end-to-end tests (create_bucket, aws_env, config)."""
-    return moto_s3
+def shared_s3(request):
+    """The S3 server of the shared tier's end-to-end tests (create_bucket, aws_env, config, client):
+    radosgw where Ceph is installed (always under CI), else moto's server."""
+    if radosgw_installed() or os.environ.get("CI"):
+        return request.getfixturevalue("radosgw")
+    return request.getfixturevalue("moto_s3")

@@ -1,12 +1,13 @@
 """The store's two seams for another backend: the payload store (the contract every PayloadStore
 keeps, checked here against the folder tree, the fault wrapper around it and the object store on
-moto's S3 server) and the index URL. A store whose payloads or index live elsewhere behaves the
+moto's S3 server and on Ceph's RADOS Gateway) and the index URL. A store whose payloads or index live elsewhere behaves the
 same from above."""
 
 from __future__ import annotations
 
 import errno
 import os
+import uuid
 
 import pytest
 
@@ -22,11 +23,13 @@ from chunkstore.testing.tensors import same_bytes
 KEYS = [bytes([i]) * 32 for i in range(1, 5)]
 
 
-@pytest.fixture(params=["folder", "faulty-folder", "objects"])
+@pytest.fixture(params=["folder", "faulty-folder", "objects-moto", "objects-radosgw"])
 def payloads(request, tmp_path) -> PayloadStore:
-    if request.param == "objects":
-        s3 = request.getfixturevalue("moto_s3")
-        p = ObjectPayloads(s3.config(request.getfixturevalue("bucket_url")))
+    if request.param.startswith("objects"):
+        s3 = request.getfixturevalue("moto_s3" if request.param == "objects-moto" else "radosgw")
+        bucket = f"contract-{uuid.uuid4().hex[:12]}"
+        s3.create_bucket(bucket)
+        p = ObjectPayloads(s3.config(f"s3://{bucket}/fleet"))
     else:
         files = ChunkFiles(tmp_path / "payloads", Durability.NONE)
         p = files if request.param == "folder" else FaultyPayloads(files)
