@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import statistics
 import sys
@@ -76,21 +75,27 @@ class Services:
 
 @contextlib.contextmanager
 def services(cfg: FleetConfig, work: Path) -> Iterator[Services]:
-    """The given index and bucket, or a throwaway PostgreSQL and moto S3 server (set into this
-    process's AWS_* variables, which the servers' object store reads)."""
+    """The given index and bucket, or a throwaway PostgreSQL server and S3 server (Ceph's RADOS
+    Gateway where it is installed, else moto's), set into this process's AWS_* variables, which
+    the servers' object store reads."""
     if cfg.index_url is not None:
         yield Services(cfg.index_url, cfg.object_store, f"{_display(cfg.index_url)} and {cfg.object_store}")
         return
     from chunkstore.testing.moto_s3 import MotoS3Server
     from chunkstore.testing.postgres import PostgresServer
+    from chunkstore.testing.radosgw import RadosGateway, RadosGatewayNotInstalled
 
-    with PostgresServer(work / "postgres") as pg, MotoS3Server(log_path=work / "moto.log") as s3:
+    try:
+        s3_server, s3_name = RadosGateway(work / "radosgw"), "Ceph's RADOS Gateway"
+    except RadosGatewayNotInstalled:
+        s3_server, s3_name = MotoS3Server(log_path=work / "moto.log"), "moto's S3 server"
+    with PostgresServer(work / "postgres") as pg, s3_server as s3:
         s3.create_bucket("fleet")
         saved = {k: os.environ.get(k) for k in s3.aws_env()}
         os.environ.update(s3.aws_env())
         try:
             yield Services(pg.create_database("fleet"), "s3://fleet/bench",
-                           "a throwaway PostgreSQL server and moto's S3 server on 127.0.0.1")
+                           f"a throwaway PostgreSQL server and {s3_name} on 127.0.0.1")
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -288,7 +293,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Debian's postgresql)")
     parser.add_argument("--object-store", default=None, metavar="URL",
                         help="the shared tier's bucket, s3://BUCKET/PREFIX, reached through the AWS_* variables "
-                             "(default: a throwaway moto S3 server)")
+                             "(default: a throwaway radosgw where Ceph is installed, else moto)")
     add_output_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
