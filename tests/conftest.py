@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from chunkstore.testing.postgres import PostgresServer
 
 
+def skip_unless_ci(reason: str) -> None:
+    """Skip the test for ``reason``; under CI (which installs every server) fail it instead."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
+    pytest.skip(reason)
+
+
 @pytest.fixture
 def identity() -> ModelIdentity:
     return TINY
@@ -51,10 +58,7 @@ def postgres_server(tmp_path_factory) -> Iterator[PostgresServer]:
         import psycopg  # noqa: F401  (the driver: pip install "psycopg[binary]", in the dev extra)
         PostgresServer.find_binaries()
     except (ImportError, PostgresNotInstalled) as error:
-        reason = f"PostgreSQL tests need PostgreSQL's server and psycopg: {error}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
-        pytest.skip(reason)
+        skip_unless_ci(f"PostgreSQL tests need PostgreSQL's server and psycopg: {error}")
     with PostgresServer(tmp_path_factory.mktemp("postgres")) as server:
         yield server
 
@@ -78,10 +82,7 @@ def moto_s3(tmp_path_factory):
         import moto.server  # noqa: F401  (moto[server], in the dev extra)
         import obstore  # noqa: F401  (the object store's client, in the fleet extra)
     except ImportError as error:
-        reason = f"object store tests need moto[server] and obstore: {error}"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
-        pytest.skip(reason)
+        skip_unless_ci(f"object store tests need moto[server] and obstore: {error}")
     with MotoS3Server(log_path=tmp_path_factory.mktemp("moto") / "moto.log") as server:
         yield server
 
@@ -127,10 +128,7 @@ def radosgw(tmp_path_factory):
     from chunkstore.testing.radosgw import RadosGateway
 
     if not radosgw_installed():
-        reason = "needs Ceph's RADOS Gateway: apt-get install ceph-mon ceph-osd radosgw ceph-common"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason} (CI is set, so these tests may not skip)", pytrace=False)
-        pytest.skip(reason)
+        skip_unless_ci("needs Ceph's RADOS Gateway: apt-get install ceph-mon ceph-osd radosgw ceph-common")
     with RadosGateway(tmp_path_factory.mktemp("radosgw")) as gateway:
         yield gateway
 

@@ -21,8 +21,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from chunkstore.disk.objects import ObjectStoreConfig
 from chunkstore.testing.postgres import HOST, free_port
+from chunkstore.testing.s3 import S3Endpoint
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
@@ -36,7 +36,7 @@ class MotoS3Error(RuntimeError):
     """The stand-in could not be started."""
 
 
-class MotoS3Server:
+class MotoS3Server(S3Endpoint):
     """moto's S3 on 127.0.0.1:``port`` (a free one by default), output in ``log_path`` if given."""
 
     def __init__(self, *, port: int | None = None, log_path: Path | None = None,
@@ -87,20 +87,6 @@ class MotoS3Server:
 
         return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
                             aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key)
-
-    def create_bucket(self, name: str) -> None:
-        self.client().create_bucket(Bucket=name)
-
-    def aws_env(self) -> dict[str, str]:
-        """The AWS variables a `chunkstore serve` process reaches this server with."""
-        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": self.region,
-                "AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
-
-    def config(self, url: str, **overrides) -> ObjectStoreConfig:
-        """An ObjectStoreConfig for ``url`` (s3://bucket/prefix) on this server."""
-        return ObjectStoreConfig(url, endpoint_url=self.endpoint_url, region=self.region,
-                                 access_key_id=self.access_key_id, secret_access_key=self.secret_access_key,
-                                 **overrides)
 
     def __enter__(self) -> "MotoS3Server":
         self.start()

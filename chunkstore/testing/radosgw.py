@@ -41,12 +41,9 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from chunkstore.testing.postgres import HOST, free_port, log_tail
-
-if TYPE_CHECKING:
-    from chunkstore.disk.objects import ObjectStoreConfig
+from chunkstore.testing.s3 import S3Endpoint
 
 DEFAULT_BIN_DIR = Path("/usr/bin")
 BINARIES = ("ceph-authtool", "monmaptool", "ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph")
@@ -84,7 +81,7 @@ class RadosGatewayNotInstalled(RadosGatewayError):
     """Ceph's binaries (ceph-mon, ceph-osd, radosgw, radosgw-admin, ceph-authtool, ...) are missing."""
 
 
-class RadosGateway:
+class RadosGateway(S3Endpoint):
     """One Ceph cluster (mon, memstore OSD, radosgw) in `folder`, its S3 API on 127.0.0.1:`port`.
 
     `port=None` picks a free port (bound on 127.0.0.1:0 and released just before the gateway binds
@@ -248,22 +245,6 @@ class RadosGateway:
         return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
                             aws_access_key_id=self.access_key_id,
                             aws_secret_access_key=self.secret_access_key, config=Config(**options))
-
-    def create_bucket(self, name: str) -> None:
-        self.client().create_bucket(Bucket=name)
-
-    def aws_env(self) -> dict[str, str]:
-        """The AWS variables a `chunkstore serve` process reaches this gateway with."""
-        return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": self.region,
-                "AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
-
-    def config(self, url: str, **overrides) -> ObjectStoreConfig:
-        """An ObjectStoreConfig for `url` (s3://bucket/prefix) on this gateway."""
-        from chunkstore.disk.objects import ObjectStoreConfig
-
-        return ObjectStoreConfig(url, endpoint_url=self.endpoint_url, region=self.region,
-                                 access_key_id=self.access_key_id, secret_access_key=self.secret_access_key,
-                                 **overrides)
 
     # -- steps of start ------------------------------------------------------------------------
 
