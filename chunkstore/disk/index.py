@@ -570,7 +570,9 @@ class ChunkIndex:
         now = time.time() if now is None else now
         won: set[bytes] = set()
         with self.write_lock, self.engine.begin() as conn:
-            for batch in _batches(list(dict.fromkeys(keys))):
+            # In key order: two writers' batches that overlap then lock their rows in one order, so
+            # they never deadlock in PostgreSQL.
+            for batch in _batches(sorted(set(keys))):
                 stmt = self._insert(chunk_claims).values(
                     [{"key": k, "writer": writer, "expires_at": now + ttl_s} for k in batch])
                 stmt = stmt.on_conflict_do_update(
@@ -621,7 +623,7 @@ class ChunkIndex:
         now = time.time() if now is None else now
         n = 0
         with self._writing() as conn:
-            for batch in _batches(list(keys)):
+            for batch in _batches(sorted(set(keys))):  # in key order, as claim
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
                 claim = self._insert(chunk_claims).values(

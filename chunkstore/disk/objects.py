@@ -3,7 +3,7 @@ the second PayloadStore beside the folder tree (files.py).
 
 Layout under ``s3://bucket/prefix``: ``chunks/<key hex>.kv`` (one object per chunk: the whole
 chunk file, header and payload together, so an object is never half of a chunk) and
-``quarantine/<key hex>-<ns>.kv`` (payloads that failed verification, kept for a post-mortem).
+``quarantine/<key hex>-<time ns>.kv`` (payloads that failed verification, kept for a post-mortem).
 
 Invariants:
 - Write-once: a payload is staged in memory and published with one conditional PUT
