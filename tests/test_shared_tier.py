@@ -18,7 +18,7 @@ import pytest
 from chunkstore import ChunkStore, ModelMismatchError, chain_pages
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
-from chunkstore.testing.faults import IndexFaults, faulty_index
+from chunkstore.testing.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
 
@@ -29,11 +29,12 @@ def open_server(tmp_path, identity, moto_s3, bucket_url, postgres_url):
     opened: list[ChunkStore] = []
 
     def open_one(name: str, **kwargs) -> ChunkStore:
-        store = ChunkStore(tmp_path / name, identity, index_url=postgres_url,
-                           payloads=ObjectPayloads(moto_s3.config(bucket_url)), **kwargs)
+        kwargs.setdefault("payloads", ObjectPayloads(moto_s3.config(bucket_url)))
+        store = ChunkStore(tmp_path / name, identity, index_url=postgres_url, **kwargs)
         opened.append(store)
         return store
 
+    open_one.s3, open_one.bucket_url = moto_s3, bucket_url
     yield open_one
     for store in opened:
         store.close()
@@ -213,3 +214,24 @@ def test_a_writer_killed_mid_publish_never_shows_a_partial_chunk(tmp_path, open_
     assert reader.lapsed_claims(now=time.time() + 3600) == []
     assert len(_objects(moto_s3, bucket_url)) == reader.num_chunks()  # nothing it uploaded is left unindexed
     assert swept.objects_deleted <= swept.lapsed_claims + 1
+
+
+def test_a_page_without_room_leaves_no_object_and_no_claim(open_server, chain, moto_s3, bucket_url):
+    pages, tensors = chain
+    a = open_server("a", capacity_bytes=1)  # room for no page at all
+    result = a.put(pages[:3], tensors[:3])
+    assert set(result.failed) == {p.key for p in pages[:3]} and "no room" in result.failed[pages[0].key]
+    assert _objects(moto_s3, bucket_url) == []  # uploaded as encoded, deleted again when refused
+    assert a.lapsed_claims(now=time.time() + 3600) == [] and a.num_chunks() == 0
+
+
+def test_an_upload_that_fails_leaves_no_row_and_no_claim(open_server, chain):
+    pages, tensors = chain
+    payloads = FaultyPayloads(ObjectPayloads(open_server.s3.config(open_server.bucket_url)))
+    a = open_server("a", payloads=payloads)
+    payloads.fail("publish", key=pages[2].key, times=1)
+    result = a.put(pages[:4], tensors[:4])
+    assert list(result.failed) == [pages[2].key] and result.stored == [p.key for p in pages[:2]] + [pages[3].key]
+    assert a.exists([p.key for p in pages[:4]]) == [True, True, False, True]
+    assert a.lapsed_claims(now=time.time() + 3600) == []
+    assert a.put(pages[2:3], tensors[2:3]).stored == [pages[2].key]  # the next try publishes it

@@ -35,6 +35,7 @@ PROG = "chunkstore bench fleet"
 HIT_RATE_TARGET = 0.95  # the shared fleet's hit rate / one server's
 THROUGHPUT_TARGET = 0.8  # the store's publish and read MB/s / the object store's raw PUT and GET
 CONFIGS = ("one-server", "private-tiers", "shared-tier")
+IO_BATCH_PAGES = 128  # pages per put and per get of the publish and read measurement (the cache reads so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +168,7 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
         generator = torch.Generator().manual_seed(0)
         tensors = [torch.randn(identity.page_shape, generator=generator).to(store.torch_dtype) for _ in pages]
         threads = store.num_workers
-        batch = 32
+        batch = IO_BATCH_PAGES
         began = time.perf_counter()
         for i in range(0, len(pages), batch):
             result = store.put(pages[i:i + batch], tensors[i:i + batch])

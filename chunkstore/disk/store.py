@@ -332,7 +332,30 @@ class ChunkStore:
                 self._index.count_event(p.namespace, "dedup_hits")
             else:
                 todo[p.key] = (p, t)
-        futures = {k: self._pool.submit(self._encode_and_stage, p, t) for k, (p, t) in todo.items()}
+        if not self.shared:
+            written = self._write_all(todo, self._encode_and_stage, result)
+            if written:
+                self._publish(todo, written, result)
+            return result
+        # A shared tier: claim first (a key another writer claims is skipped before any work),
+        # then each page is encoded and uploaded on its own worker as soon as it can be, so the
+        # uploads overlap the encoding; the rows go in afterwards, under the claims.
+        if not self._claim(todo, result):
+            return result
+        claimed, committed = list(todo), []
+        try:
+            written = self._write_all(todo, self._encode_and_upload, result)
+            if written:
+                committed = self._publish(todo, written, result)
+        finally:
+            if unclaim := [k for k in claimed if k not in committed]:
+                self._release_claims(unclaim)
+        return result
+
+    def _write_all(self, todo, task, result: PutResult) -> dict[bytes, tuple[Staged, int]]:
+        """Run ``task`` (encode and stage, or encode and upload) for every page on the worker pool;
+        returns what was written, with each failure listed in ``result``."""
+        futures = {k: self._pool.submit(task, p, t) for k, (p, t) in todo.items()}
         written: dict[bytes, tuple[Staged, int]] = {}
         try:
             for key, fut in futures.items():
@@ -341,55 +364,60 @@ class ChunkStore:
                 except OSError as exc:
                     result.failed[key] = f"write failed: {exc}"
                     self._index.count_event(todo[key][0].namespace, "write_errors")
-                    self._writes.failed("chunk file", exc)
+                    self._writes.failed("chunk file" if not self.shared else "upload", exc)
         except BaseException:  # an unexpected error: leave nothing of this batch staged
             for fut in futures.values():
                 if not fut.cancel() and fut.exception() is None:
                     self.payloads.discard(fut.result()[0])
             raise
-        if written:
-            self._publish(todo, written, result)
-        return result
+        return written
+
+    def _encode_and_upload(self, page: PageRef, tensor: torch.Tensor) -> tuple[Staged, int]:
+        """A shared tier's page, claimed: encoded, then uploaded write-once (not yet indexed)."""
+        staged, size = self._encode_and_stage(page, tensor)
+        self.payloads.publish([staged])
+        return staged, size
 
     def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
-                 written: dict[bytes, tuple[Staged, int]], result: PutResult) -> None:
+                 written: dict[bytes, tuple[Staged, int]], result: PutResult) -> list[bytes]:
+        """Make room, publish (a folder: rename; a shared tier's pages are uploaded already), then
+        commit the rows, under the writer lock; returns the keys committed."""
         with self._index.write_lock:
-            try:
-                again = self._index.present(list(written))
-            except DBAPIError as exc:
-                self._fail_all(todo, written, result, "index lookup", exc)
-                return
-            for key in again:  # another thread stored it meanwhile
-                self._skip_stored(key, todo, written, result)
-            committed: list[bytes] = []
-            try:
-                if self.shared and not self._claim(todo, written, result):
-                    return
-                committed = self._publish_claimed(todo, written, result)
-            finally:
-                if self.shared and (unclaim := [k for k in written if k not in committed]):
-                    self._release_claims(unclaim)
+            if not self.shared:  # (a shared tier's claims keep other writers off these keys)
+                try:
+                    again = self._index.present(list(written))
+                except DBAPIError as exc:
+                    self._fail_all(todo, written, result, "index lookup", exc)
+                    return []
+                for key in again:  # another thread stored it meanwhile
+                    self._skip_stored(key, todo, written, result)
+            return self._publish_claimed(todo, written, result)
 
     def _skip_stored(self, key: bytes, todo, written, result: PutResult) -> None:
         self.payloads.discard(written.pop(key)[0])
         result.deduplicated.append(key)
         self._index.count_event(todo[key][0].namespace, "dedup_hits")
 
-    def _claim(self, todo, written, result: PutResult) -> bool:
-        """A shared tier: claim the written keys before uploading them (the publish protocol,
-        index.claim). A key another writer claims is its to publish: this put skips it, as a
-        duplicate. Returns False, with every page failed, when the index cannot be reached."""
+    def _claim(self, todo, result: PutResult) -> bool:
+        """A shared tier: claim the pages' keys before anything is written (the publish protocol,
+        index.claim); ``todo`` keeps the keys won. A key another writer claims is its to publish:
+        this put skips it, as a duplicate. Returns False, with every page failed, when the index
+        cannot be reached."""
         try:
-            mine = self._index.claim(list(written), self.writer_id, self.claim_ttl_s)
+            mine = self._index.claim(list(todo), self.writer_id, self.claim_ttl_s)
         except DBAPIError as exc:
-            self._fail_all(todo, written, result, "claim", exc)
+            for k in list(todo):
+                result.failed[k] = f"write failed: index unavailable: {exc.orig}"
+                self._index.count_event(todo.pop(k)[0].namespace, "write_errors")
+            self._writes.failed("claim", exc, num_pages=len(result.failed))
             return False
-        for key in [k for k in written if k not in mine]:
-            self._skip_stored(key, todo, written, result)
+        for key in [k for k in todo if k not in mine]:
+            result.deduplicated.append(key)
+            self._index.count_event(todo.pop(key)[0].namespace, "dedup_hits")
         return True
 
     def _fail_all(self, todo, written, result: PutResult, step: str, exc: DBAPIError) -> None:
-        """The index did not answer before anything was uploaded: every written page fails."""
+        """The index did not answer before anything was published: every written page fails."""
         num_pages = len(written)
         for k in list(written):
             self.payloads.discard(written.pop(k)[0])
@@ -417,7 +445,8 @@ class ChunkStore:
                              stored_bytes=written[k][1], created_at=now, last_access_at=now)
                     for k in admitted]
             step = "publish"
-            self.payloads.publish([written[k][0] for k in admitted], self._pool)
+            if not self.shared:  # (a shared tier's pages were uploaded as they were encoded)
+                self.payloads.publish([written[k][0] for k in admitted], self._pool)
             step = "index commit"
             if self.shared:
                 held = self._index.insert_claimed(rows, self.writer_id)  # the row replaces the claim
@@ -468,6 +497,9 @@ class ChunkStore:
             ns = todo[k][0].namespace
             if ns in rejected:
                 self.payloads.discard(staged)
+                if self.shared:  # uploaded already, under this writer's claim: it goes again
+                    with contextlib.suppress(PayloadsUnavailable):  # else an orphan, swept later
+                        self.payloads.delete(k)
                 result.failed[k] = f"no room within the {rejected[ns]} (the rest is pinned or in use)"
             else:
                 admitted.append(k)
