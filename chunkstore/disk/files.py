@@ -25,7 +25,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from chunkstore.choices import Choice
-from chunkstore.disk.payloads import _ALIGN, PayloadStore, Staged, aligned_size
+from chunkstore.disk.payloads import _ALIGN, PayloadStore, Staged, aligned_size, read_buffer
 
 log = logging.getLogger(__name__)
 
@@ -273,15 +273,7 @@ class ChunkFiles(PayloadStore):
         return self._read_buffered(path, max_size_bytes, buffer)
 
     def _buffer(self, size: int, buffer: mmap.mmap | None) -> memoryview:
-        if buffer is not None:
-            if len(buffer) < aligned_size(size):
-                raise ValueError(f"read buffer of {len(buffer)} bytes for a {size}-byte file")
-            return memoryview(buffer)
-        buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < aligned_size(size):
-            # (the old buffer is unmapped once no view of it is left)
-            buf = self._local.buf = mmap.mmap(-1, aligned_size(size))  # page-aligned, for O_DIRECT
-        return memoryview(buf)
+        return read_buffer(self._local, size, buffer)
 
     def _read_direct(self, path: Path, max_size_bytes: int, buffer: mmap.mmap | None) -> memoryview | None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)

@@ -38,7 +38,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged, aligned_size
+from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged, read_buffer
 
 CHUNKS_PREFIX = "chunks/"
 QUARANTINE_PREFIX = "quarantine/"
@@ -263,14 +263,7 @@ class ObjectPayloads(PayloadStore):
             raise self._unavailable(what, exc) from exc
 
     def _buffer(self, size: int, buffer: mmap.mmap | None) -> memoryview:
-        if buffer is not None:
-            if len(buffer) < aligned_size(size):
-                raise ValueError(f"read buffer of {len(buffer)} bytes for a {size}-byte object")
-            return memoryview(buffer)
-        buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < aligned_size(size):
-            buf = self._local.buf = mmap.mmap(-1, aligned_size(size))
-        return memoryview(buf)
+        return read_buffer(self._local, size, buffer)
 
     def _head(self, name: str) -> dict | None:
         try:

@@ -38,6 +38,21 @@ def aligned_size(n: int) -> int:
     return max(_ALIGN, (n + _ALIGN - 1) // _ALIGN * _ALIGN)
 
 
+def read_buffer(local: threading.local, size: int, buffer: mmap.mmap | None) -> memoryview:
+    """Where a read of ``size`` bytes lands: the caller's ``buffer`` (checked long enough), or a
+    page-aligned per-thread buffer kept in ``local`` (grown as needed; valid until the thread's
+    next read)."""
+    if buffer is not None:
+        if len(buffer) < aligned_size(size):
+            raise ValueError(f"read buffer of {len(buffer)} bytes for a {size}-byte payload")
+        return memoryview(buffer)
+    buf = getattr(local, "buf", None)
+    if buf is None or len(buf) < aligned_size(size):
+        # (the old buffer is unmapped once no view of it is left)
+        buf = local.buf = mmap.mmap(-1, aligned_size(size))  # page-aligned, for O_DIRECT
+    return memoryview(buf)
+
+
 class ReadBuffers:
     """A bounded pool of page-aligned read buffers, so reads ahead of decoding use fixed memory.
 
