@@ -96,13 +96,21 @@ def argparse_type(parse):
     return convert
 
 
-def positive_gb(text: str) -> float:
-    """An argparse-ready disk capacity in GB ('500', '0.5', '500GB', '2TiB'). Raises ValueError."""
+def gb_or_zero(text: str) -> float:
+    """An argparse-ready size in GB that may be 0 ('0', '0.5', '500GB', '2TiB'). Raises ValueError."""
     value = disk_size_gb(text)
     try:
         gb = float(value)
     except ValueError:
         raise ValueError(f"not a size: {text!r} (a number of GB, or a size such as 500GB, 2TiB)") from None
+    if gb < 0:
+        raise ValueError(f"size must not be negative, got {text!r}")
+    return gb
+
+
+def positive_gb(text: str) -> float:
+    """An argparse-ready disk capacity in GB ('500', '0.5', '500GB', '2TiB'). Raises ValueError."""
+    gb = gb_or_zero(text)
     if gb <= 0:
         raise ValueError(f"size must be positive, got {text!r}")
     return gb

@@ -20,7 +20,7 @@ from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.priority import ThreadPriority
 from chunkstore.disk.codec import Codec
-from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, positive_gb
+from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, gb_or_zero, positive_gb
 
 if TYPE_CHECKING:
     from chunkstore.cache.layout import KVLayout
@@ -33,6 +33,7 @@ ENV_PREFIX = "CHUNKSTORE_"
 # Settings that may change while the cache runs (CacheAdmin.reconfigure): each is read afresh at every use.
 LIVE_SETTINGS = ("eviction_policy", "prefetch_policy", "prefetch_timeout_s", "write_through_threshold",
                  "disk_load_host_share", "disk_size")
+LOCAL_CACHE_FOLDER = "shared-cache"  # in a shared tier's store folder: the local copy of its chunks
 _METAVARS = {"page_size": "TOKENS", "host_ratio": "RATIO", "disk_path": "DIR", "disk_ratio": "RATIO",
              "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS",
              "prefetch_host_share": "SHARE", "prefetch_hold_s": "SECONDS"}
@@ -64,6 +65,11 @@ class CacheConfig(BaseSettings):
                                             "(endpoint, region and keys from AWS_ENDPOINT_URL, AWS_REGION, "
                                             "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default: files in "
                                             "the store's folder")
+    local_cache_size: float = _field(10.0, "with object_store: the most bytes of local disk (under "
+                                           "disk_path) kept as a copy of the shared tier's chunks this "
+                                           "server read, so a hot prefix is not fetched over the network "
+                                           "each time; a number of GB or a size such as 50GB; 0 = none",
+                                     ge=0)
     disk_ratio: float | None = _field(None, "disk capacity = disk_ratio x host pool bytes (ignored "
                                             "when disk_size is set)", gt=0)
     disk_size: float | None = _field(None, "disk capacity of stored, compressed chunks: a number of GB "
@@ -134,7 +140,7 @@ class CacheConfig(BaseSettings):
             parse_object_url(value)
         return value
 
-    @field_validator("disk_size", mode="before")
+    @field_validator("disk_size", "local_cache_size", mode="before")
     @classmethod
     def _parse_disk_size(cls, value: Any) -> Any:
         return disk_size_gb(value)  # '500GB' -> 500.0; a plain number is GB
@@ -150,13 +156,21 @@ class CacheConfig(BaseSettings):
                 raise ValueError(f"host_size {self.host_size} is smaller than device_size {self.device_size}")
         return self
 
-    def payload_store(self) -> PayloadStore | None:
-        """The chunk payloads' store when ``object_store`` names a bucket (None: the folder tree)."""
+    def payload_store(self, store_folder: Path | None = None) -> PayloadStore | None:
+        """The chunk payloads' store when ``object_store`` names a bucket (None: the folder tree):
+        with ``store_folder`` and a ``local_cache_size``, the bucket with a local copy of what this
+        server reads in ``store_folder/shared-cache``."""
         if self.object_store is None:
             return None
         from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
 
-        return ObjectPayloads(ObjectStoreConfig(self.object_store))
+        bucket = ObjectPayloads(ObjectStoreConfig(self.object_store))
+        capacity_bytes = int(self.local_cache_size * GB)
+        if store_folder is None or capacity_bytes <= 0:
+            return bucket
+        from chunkstore.disk.payload_cache import CachedPayloads
+
+        return CachedPayloads(bucket, Path(store_folder) / LOCAL_CACHE_FOLDER, capacity_bytes)
 
     # -- derived sizes ---------------------------------------------------------------------------
 
@@ -266,6 +280,8 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(type=int)
         elif name == "disk_size":
             kwargs.update(type=argparse_type(positive_gb), metavar="GB|SIZE")
+        elif name == "local_cache_size":
+            kwargs.update(type=argparse_type(gb_or_zero), metavar="GB|SIZE")
         elif annotation in (float, float | None):
             kwargs.update(type=float)
         elif annotation is Path:

@@ -121,10 +121,10 @@ class TieredCache:
         self._owns_store = store is None and config.use_disk
         if self._owns_store:
             # The data folder serves any model: this identity's own store in it (store_root).
-            store = ChunkStore(store_root(config.disk_path, identity), identity,
-                               capacity_bytes=config.disk_capacity_bytes(self.layout),
+            folder = store_root(config.disk_path, identity)
+            store = ChunkStore(folder, identity, capacity_bytes=config.disk_capacity_bytes(self.layout),
                                codec=config.codec_for(self.layout), background_priority=config.background_priority,
-                               index_url=config.index_url, payloads=config.payload_store())
+                               index_url=config.index_url, payloads=config.payload_store(folder))
         self.store = store if config.use_disk else None
         self.counters = CacheCounters()
         self._holds = PrefetchHolds(int(self.host_pool.capacity_pages * config.prefetch_host_share),

@@ -184,9 +184,10 @@ class PageLoader:
 
     def verify(self, key: bytes, page: PageRef | None = None, out: np.ndarray | None = None,
                row: ChunkRow | None = None) -> FileCheck:
-        """Read and fully verify the payload of ``key`` (see ``check``)."""
+        """Read and fully verify the payload of ``key`` (see ``check``) where it is of record (a
+        bucket, not a local copy of it)."""
         try:
-            data = self.payloads.read(key, self.max_payload_bytes)
+            data = self.payloads.origin.read(key, self.max_payload_bytes)
         except FileNotFoundError:
             return FileCheck.missing()
         except PayloadsUnavailable as exc:

@@ -28,6 +28,10 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chunkstore.disk.payload_cache import LocalCopyStats
 
 _ALIGN = 4096  # O_DIRECT needs page-aligned buffers, offsets and lengths
 
@@ -102,7 +106,17 @@ class PayloadStore(abc.ABC):
     #: None for payloads only this store writes (the folder tree, under its writer lock).
     shared_name: str | None = None
 
+    @property
+    def origin(self) -> "PayloadStore":
+        """The payloads of record: these, or, for a local copy in front of a bucket
+        (payload_cache.py), the bucket. Verification reads from here."""
+        return self
+
     # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release what the payloads hold open (the store calls it as it closes)."""
+        return None
 
     @abc.abstractmethod
     def create(self) -> None:
@@ -181,3 +195,7 @@ class PayloadStore(abc.ABC):
     @abc.abstractmethod
     def remove_leftovers(self, keep_own: bool = False) -> int:
         """Delete the leftovers (call only under the store's writer lock); returns how many."""
+
+    def local_copy_stats(self) -> "LocalCopyStats | None":
+        """The local copy's figures when these payloads keep one (payload_cache.py), else None."""
+        return None

@@ -280,6 +280,7 @@ class ChunkStore:
         except DBAPIError as exc:  # a full disk: those counters are lost, the index stays consistent
             self._writes.failed("index flush at close", exc, num_pages=0)
         self._writes.flush_log()
+        self.payloads.close()
         self._release_writer_lock()
 
     def __enter__(self) -> "ChunkStore":

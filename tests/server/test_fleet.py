@@ -182,3 +182,23 @@ def test_a_stopped_object_store_is_a_miss_not_an_error_and_the_servers_recover(f
     after = complete(fleet.start("c"), prompt)
     assert cached(after)["disk"] > 0 and after["choices"][0]["text"] == first["choices"][0]["text"]
     assert "unavailable" in b.output()  # logged, not raised
+
+
+def test_a_server_reads_what_it_read_before_from_its_local_copy_even_with_the_gateway_down(fleet, shared_s3):
+    if not hasattr(shared_s3, "stop_gateway"):
+        pytest.skip("needs radosgw (a gateway stopped and started again over the same data)")
+    prompt = "read once over the network: " + STORY * 2
+    a, b = fleet.start("a"), fleet.start("b")
+    first = complete(a, prompt)
+    fleet.wait_for_rows(fed_pages(first))
+    assert cached(complete(b, prompt))["disk"] > 0  # from the bucket, and now in b's local copy
+    b.signal(signal.SIGTERM)
+    assert b.wait() == 0
+    b = fleet.start("b")  # empty memory tiers, the same folder (a server starts with its bucket up)
+    shared_s3.stop_gateway()
+    try:
+        again = complete(b, prompt)
+        assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        assert cached(again)["disk"] > 0  # the rows say the pages are there; the local copy serves them
+    finally:
+        shared_s3.start_gateway()
