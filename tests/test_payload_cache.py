@@ -14,10 +14,11 @@ import os
 import pytest
 
 from chunkstore import ChunkStore
-from chunkstore.cache.config import LOCAL_CACHE_FOLDER, CacheConfig
+from chunkstore.cache.config import CacheConfig
 from chunkstore.disk.file_check import FileStatus
 from chunkstore.disk.objects import ObjectPayloads, parse_object_url
-from chunkstore.disk.payload_cache import DIGEST_SIZE_BYTES, ENTRIES_FILENAME, CachedPayloads
+from chunkstore.disk.payload_cache import (DIGEST_SIZE_BYTES, ENTRIES_FILENAME, LOCAL_COPY_FOLDER, CachedPayloads,
+                                           bucket_payloads)
 from chunkstore.testing.tensors import same_bytes
 
 CAPACITY_BYTES = 1 << 30
@@ -29,7 +30,7 @@ def open_store(tmp_path, identity, moto_s3, bucket_url):
     opened: list[ChunkStore] = []
 
     def open_(capacity_bytes: int = CAPACITY_BYTES, **kwargs) -> ChunkStore:
-        payloads = CachedPayloads(ObjectPayloads(moto_s3.config(bucket_url)), tmp_path / "store" / LOCAL_CACHE_FOLDER,
+        payloads = CachedPayloads(ObjectPayloads(moto_s3.config(bucket_url)), tmp_path / "store" / LOCAL_COPY_FOLDER,
                                   capacity_bytes)
         store = ChunkStore(tmp_path / "store", identity, payloads=payloads, **kwargs)
         opened.append(store)
@@ -176,7 +177,7 @@ def test_an_entries_file_that_cannot_be_read_empties_the_copies(open_store, chai
     assert store.put(pages, tensors).ok
     store.get(pages)
     store.close()
-    entries = tmp_path / "store" / LOCAL_CACHE_FOLDER / ENTRIES_FILENAME
+    entries = tmp_path / "store" / LOCAL_COPY_FOLDER / ENTRIES_FILENAME
     for suffix in ("-wal", "-shm"):
         entries.with_name(entries.name + suffix).unlink(missing_ok=True)
     entries.write_bytes(b"not a database" * 100)
@@ -191,7 +192,7 @@ def test_the_settings_build_a_local_copy_only_with_a_bucket_and_a_size(tmp_path,
     assert CacheConfig().payload_store(tmp_path) is None  # the folder tree
     with_copy = CacheConfig(object_store=bucket_url, local_cache_size="2GB").payload_store(tmp_path)
     assert isinstance(with_copy, CachedPayloads) and with_copy.capacity_bytes == 2 * 10**9
-    assert with_copy.folder == tmp_path / LOCAL_CACHE_FOLDER and with_copy.shared_name == bucket_url
+    assert with_copy.folder == tmp_path / LOCAL_COPY_FOLDER and with_copy.shared_name == bucket_url
     assert isinstance(CacheConfig(object_store=bucket_url, local_cache_size=0).payload_store(tmp_path),
                       ObjectPayloads)
     with pytest.raises(ValueError, match="local_cache_size"):

@@ -33,7 +33,6 @@ ENV_PREFIX = "CHUNKSTORE_"
 # Settings that may change while the cache runs (CacheAdmin.reconfigure): each is read afresh at every use.
 LIVE_SETTINGS = ("eviction_policy", "prefetch_policy", "prefetch_timeout_s", "write_through_threshold",
                  "disk_load_host_share", "disk_size")
-LOCAL_CACHE_FOLDER = "shared-cache"  # in a shared tier's store folder: the local copy of its chunks
 _METAVARS = {"page_size": "TOKENS", "host_ratio": "RATIO", "disk_path": "DIR", "disk_ratio": "RATIO",
              "write_through_threshold": "HITS", "prefetch_timeout_s": "SECONDS",
              "prefetch_host_share": "SHARE", "prefetch_hold_s": "SECONDS"}
@@ -160,17 +159,9 @@ class CacheConfig(BaseSettings):
         """The chunk payloads' store when ``object_store`` names a bucket (None: the folder tree):
         with ``store_folder`` and a ``local_cache_size``, the bucket with a local copy of what this
         server reads in ``store_folder/shared-cache``."""
-        if self.object_store is None:
-            return None
-        from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+        from chunkstore.disk.payload_cache import bucket_payloads
 
-        bucket = ObjectPayloads(ObjectStoreConfig(self.object_store))
-        capacity_bytes = int(self.local_cache_size * GB)
-        if store_folder is None or capacity_bytes <= 0:
-            return bucket
-        from chunkstore.disk.payload_cache import CachedPayloads
-
-        return CachedPayloads(bucket, Path(store_folder) / LOCAL_CACHE_FOLDER, capacity_bytes)
+        return bucket_payloads(self.object_store, store_folder, int(self.local_cache_size * GB))
 
     # -- derived sizes ---------------------------------------------------------------------------
 

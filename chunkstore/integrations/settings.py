@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from chunkstore.disk import (ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError, StoreBusyError,
-                             store_root)
+                             bucket_payloads, index_backend, parse_object_url, store_root)
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
 
 # key in the extra config -> the settings field it sets
 STORE_KEYS = {"disk_path": "disk_path", "disk_size": "disk_size_bytes", "compression": "compression",
               "durability": "durability", "background_priority": "background_priority",
-              "max_pending": "max_pending_bytes"}
+              "max_pending": "max_pending_bytes", "index_url": "index_url", "object_store": "object_store",
+              "local_cache_size": "local_cache_bytes"}
+DEFAULT_LOCAL_CACHE_BYTES = 10 * 10**9  # a shared tier's local copy, as `chunkstore serve`'s default
 
 
 def check_keys(extra: dict[str, Any], known: Iterable[str], passthrough: Iterable[str], where: str) -> None:
@@ -37,6 +39,15 @@ def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
     for name in ("disk_size", "max_pending"):
         if extra.get(name) is not None:
             kw[STORE_KEYS[name]] = parse_bytes(extra[name])
+    if extra.get("local_cache_size") is not None:  # 0: no local copy
+        size = extra["local_cache_size"]
+        kw["local_cache_bytes"] = 0 if str(size).strip() == "0" else parse_bytes(size)
+    if extra.get("index_url") is not None:
+        index_backend(str(extra["index_url"]))  # its ValueError names the backends it takes
+        kw["index_url"] = str(extra["index_url"])
+    if extra.get("object_store") is not None:
+        parse_object_url(str(extra["object_store"]))
+        kw["object_store"] = str(extra["object_store"])
     if extra.get("compression") not in (None, "auto"):
         kw["compression"] = Codec.parse(extra["compression"])
     if "durability" in extra:
@@ -46,8 +57,10 @@ def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def open_writer(disk_path: Path, identity: ModelIdentity, *, wait_s: float = 30.0, **store_kwargs: Any) -> ChunkStore:
-    """Open the store of ``identity`` in the data folder ``disk_path`` for writing (``store_root``).
+def open_writer(settings: Any, identity: ModelIdentity, *, wait_s: float = 30.0) -> ChunkStore:
+    """Open the store of ``identity`` in the data folder ``settings.disk_path`` for writing
+    (``store_root``), with the settings' capacity, codec, durability and priority, on the index
+    and bucket they name (a shared tier, with a local copy of what this process reads).
 
     The ranks of one engine start together: on a new data folder each sees no store yet and picks
     the folder itself, one wins, and the others find it busy or another rank's. So a busy or
@@ -56,9 +69,24 @@ def open_writer(disk_path: Path, identity: ModelIdentity, *, wait_s: float = 30.
     writes this identity's store)."""
     deadline = time.monotonic() + wait_s
     while True:
+        root = store_root(settings.disk_path, identity)
         try:
-            return ChunkStore(store_root(disk_path, identity), identity, **store_kwargs)
+            return ChunkStore(root, identity, capacity_bytes=settings.disk_size_bytes, codec=settings.compression,
+                              durability=settings.durability, background_priority=settings.background_priority,
+                              index_url=settings.index_url,
+                              payloads=bucket_payloads(settings.object_store, root, settings.local_cache_bytes))
         except (StoreBusyError, ModelMismatchError):
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+
+
+def open_reader(settings: Any, identity: ModelIdentity) -> ChunkStore | None:
+    """The store of ``identity`` in ``settings.disk_path``, opened read-only on the index and bucket
+    the settings name; None while no writer has made it."""
+    root = store_root(settings.disk_path, identity)
+    try:
+        return ChunkStore(root, identity, read_only=True, index_url=settings.index_url,
+                          payloads=bucket_payloads(settings.object_store))
+    except (FileNotFoundError, ModelMismatchError):
+        return None

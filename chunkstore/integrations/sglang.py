@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError,
-                             PageRef, engine_pages, store_root)
-from chunkstore.integrations.settings import STORE_KEYS, check_keys, open_writer, store_fields
+from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, engine_pages,
+                             store_root)
+from chunkstore.integrations.settings import (DEFAULT_LOCAL_CACHE_BYTES, STORE_KEYS, check_keys, open_reader,
+                                             open_writer, store_fields)
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
@@ -56,6 +57,9 @@ class BackendSettings:
     durability: Durability = Durability.FSYNC
     background_priority: ThreadPriority = ThreadPriority.LOW
     max_pending_bytes: int = 1 << 30  # pages copied out and not yet written; a set waits above it
+    index_url: str | None = None  # a shared tier's index (PostgreSQL); None: index.db in the store's folder
+    object_store: str | None = None  # a shared tier's bucket (s3://bucket/prefix); None: the folder tree
+    local_cache_bytes: int = DEFAULT_LOCAL_CACHE_BYTES  # with object_store: the local copy of what was read
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendSettings":
@@ -211,8 +215,7 @@ class ChunkstoreHiCache(HiCacheStorage):
         self._root = store_root(self.settings.disk_path, identity)
         if self.is_writer:
             s = self.settings
-            self.store = open_writer(s.disk_path, identity, capacity_bytes=s.disk_size_bytes, codec=s.compression,
-                                     durability=s.durability, background_priority=s.background_priority)
+            self.store = open_writer(s, identity)
             self._root = self.store.root
             if s.quota_bytes is not None:
                 self.store.set_quota(s.namespace, s.quota_bytes)
@@ -229,11 +232,8 @@ class ChunkstoreHiCache(HiCacheStorage):
         if self.store is None:
             with self._opening:
                 if self.store is None and not self._is_closed:
-                    try:  # looked up each time: the writer rank decides the folder when it makes it
-                        self.store = ChunkStore(store_root(self.settings.disk_path, self.identity), self.identity,
-                                                read_only=True)
-                    except (FileNotFoundError, ModelMismatchError):
-                        return None  # the writer rank has not made its store yet
+                    # looked up each time: the writer rank decides the folder when it makes it
+                    self.store = open_reader(self.settings, self.identity)
         return self.store
 
     def _pages(self, keys: Sequence[str]) -> list[PageRef]:

@@ -25,6 +25,7 @@ from sglang.srt.mem_cache.utils import storage_namespace_seed  # noqa: E402
 from chunkstore import ChunkStore  # noqa: E402
 from chunkstore.disk.store_folder import read_identity  # noqa: E402
 from chunkstore.integrations.sglang import BackendSettings, ChunkstoreHiCache  # noqa: E402
+from chunkstore.integrations.settings import STORE_KEYS  # noqa: E402
 from chunkstore.testing import sglang_harness as H  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -118,6 +119,25 @@ def test_a_restart_serves_what_the_first_controller_wrote_in_any_layout(make):
         assert fetched == NUM_PAGES * PAGE_SIZE, layout
         assert_pages(h, idx, pages)
         h.close()
+
+
+def test_two_engines_on_one_shared_tier_serve_each_others_pages(postgres_url, moto_s3, bucket_url, make, tmp_path,
+                                                                  monkeypatch):
+    for name, value in moto_s3.aws_env().items():  # the bucket's endpoint and keys, as a deployment sets them
+        monkeypatch.setenv(name, value)
+    shared = {"index_url": postgres_url, "object_store": bucket_url}
+    h1 = make(config=extra_config(tmp_path / "engine-a", **shared))
+    tokens, pages = written(h1)
+    h1.close()  # (one harness at a time in a process: each holds torch.distributed's group)
+    h2 = make("page_first", config=extra_config(tmp_path / "engine-b", **shared, local_cache_size="1GB"))
+    assert h2.storage_backend.store.shared and h2.storage_backend.store.num_chunks() == NUM_PAGES
+    for _ in range(2):  # from the bucket, then from engine b's local copy
+        fetched, idx = H.prefetch(h2, tokens)
+        assert fetched == NUM_PAGES * PAGE_SIZE
+        assert_pages(h2, idx, pages)
+    copies = h2.storage_backend.store.payloads.local_copy_stats()
+    assert copies.fills == NUM_PAGES and copies.hits >= NUM_PAGES
+    assert not (tmp_path / "engine-a" / "chunks").exists()  # the pages are in the bucket, not engine a's folder
 
 
 def test_a_chained_write_is_found_by_one_prefetch(make):
@@ -242,9 +262,15 @@ def test_bad_settings_name_the_key():
         BackendSettings.from_extra_config({"disk_size": "lots"})
     with pytest.raises(ValueError, match="zstd"):
         BackendSettings.from_extra_config({"compression": "lz4"})
+    with pytest.raises(ValueError, match="postgresql"):
+        BackendSettings.from_extra_config({"index_url": "mysql://db/kv"})
+    with pytest.raises(ValueError, match="s3://bucket"):
+        BackendSettings.from_extra_config({"object_store": "/data/kv"})
     s = BackendSettings.from_extra_config({"disk_size": "1GiB", "quota": "10MiB", "namespace": "t",
-                                           "interface_v1": 1, "backend_name": "chunkstore"})
+                                           "interface_v1": 1, "backend_name": "chunkstore",
+                                           "local_cache_size": "2GB"})
     assert (s.disk_size_bytes, s.quota_bytes, s.namespace) == (2**30, 10 * 2**20, "t")
+    assert (s.local_cache_bytes, s.index_url, s.object_store) == (2 * 10**9, None, None)
 
 
 def test_every_setting_and_the_launch_line_are_documented():
@@ -255,8 +281,8 @@ def test_every_setting_and_the_launch_line_are_documented():
     whole = (Path(__file__).resolve().parents[2] / "docs" / "INTEGRATIONS.md").read_text()
     doc = whole[whole.index("## SGLang"):whole.index("\n## ", whole.index("## SGLang") + 1)]  # its section only
     documented = set(re.findall(r"^\| `(\w+)` \|", doc, re.M))
-    keys = {"disk_size" if f == "disk_size_bytes" else "quota" if f == "quota_bytes"
-            else "max_pending" if f == "max_pending_bytes" else f for f in BackendSettings.__dataclass_fields__}
+    key_of = {field: key for key, field in STORE_KEYS.items()} | {"quota_bytes": "quota"}
+    keys = {key_of.get(f, f) for f in BackendSettings.__dataclass_fields__}
     assert keys == documented
     launch = re.search(r"--hicache-storage-backend-extra-config '(.*?)'", doc, re.S).group(1)
     config = json.loads(launch)

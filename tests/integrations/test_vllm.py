@@ -259,6 +259,12 @@ def test_bad_settings_name_the_key():
                                                     "async_load": False})
     assert (settings.disk_size_bytes, settings.host_size, settings.device_size, settings.async_load) == \
         (2**30, "8GB", "100pages", False)
+    with pytest.raises(ValueError, match="postgresql"):
+        ConnectorSettings.from_extra_config({"index_url": "mysql://db/kv"})
+    shared = ConnectorSettings.from_extra_config({"index_url": "postgresql+psycopg://kv@db/chunks",
+                                                  "object_store": "s3://kv/llama", "local_cache_size": "0"})
+    assert (shared.index_url, shared.object_store, shared.local_cache_bytes) == \
+        ("postgresql+psycopg://kv@db/chunks", "s3://kv/llama", 0)
 
 
 def vllm_config(model: str, tp_size: int, data: Path, block_size: int = BLOCK):

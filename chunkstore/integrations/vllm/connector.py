@@ -27,8 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from chunkstore.cache.config import CacheConfig
 from chunkstore.cache.policies import WritePolicy
 from chunkstore.cache.tiered import TieredCache
-from chunkstore.disk import ChunkStore, ModelIdentity, ModelMismatchError, chain_pages, store_root
-from chunkstore.integrations.settings import open_writer
+from chunkstore.disk import ChunkStore, ModelIdentity, chain_pages, store_root
+from chunkstore.integrations.settings import open_reader, open_writer
 from chunkstore.integrations.vllm.options import (ConnectorSettings, check_kv_cache_groups, identity_for, is_mla,
                                                   is_writer, namespace_for, store_ranks)
 from chunkstore.integrations.vllm.paged_kv import PagedKV
@@ -187,11 +187,10 @@ class ChunkstoreConnector(KVConnectorBase_V1):
         with self._opening:
             if rank not in self._readers:
                 identity = identity_for(self._vllm_config, tp_rank=rank)
-                try:
-                    self._readers[rank] = ChunkStore(store_root(self.settings.disk_path, identity), identity,
-                                                     read_only=True)
-                except (FileNotFoundError, ModelMismatchError):
+                store = open_reader(self.settings, identity)
+                if store is None:
                     return None
+                self._readers[rank] = store
             return self._readers[rank]
 
     def update_state_after_alloc(self, request: "Request", blocks: Any, num_external_tokens: int) -> None:
@@ -280,17 +279,11 @@ class ChunkstoreConnector(KVConnectorBase_V1):
                         is_mla=is_mla(self._vllm_config))
         s = self.settings
         if not is_writer(self._vllm_config, rank):
-            def open_reader() -> ChunkStore | None:
-                try:
-                    return ChunkStore(store_root(s.disk_path, identity), identity, read_only=True)
-                except (FileNotFoundError, ModelMismatchError):
-                    return None
-            self.transfers = WorkerTransfers(paged, identity, cache=None, open_reader=open_reader,
+            self.transfers = WorkerTransfers(paged, identity, cache=None, open_reader=lambda: open_reader(s, identity),
                                              async_load=s.async_load)
             return
         config = cache_config(s, identity, self._vllm_config)
-        store = open_writer(s.disk_path, identity, capacity_bytes=s.disk_size_bytes, codec=s.compression,
-                            durability=s.durability, background_priority=s.background_priority)
+        store = open_writer(s, identity)
         try:
             cache = TieredCache(config, identity, device=paged.device, store=store)
         except BaseException:
