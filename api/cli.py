@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a token that sees and changes only NAMESPACE (repeatable)")
     p.add_argument("--read-only", action="store_true",
                    help="open the store read-only (beside a running writer); state-changing calls answer 409")
+    p.add_argument("--index-url", metavar="URL", default=os.environ.get("CHUNKSTORE_INDEX_URL") or None,
+                   help="a shared tier's index instead of the store's own index.db: "
+                        "postgresql+psycopg://USER@HOST/DATABASE (or $CHUNKSTORE_INDEX_URL)")
+    p.add_argument("--object-store", metavar="URL", default=os.environ.get("CHUNKSTORE_OBJECT_STORE") or None,
+                   help="a shared tier's bucket instead of the store's folder: s3://BUCKET[/PREFIX] (or "
+                        "$CHUNKSTORE_OBJECT_STORE; endpoint and keys from the AWS_* variables)")
 
 
 def _settings(args: argparse.Namespace):
@@ -61,12 +67,20 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
     except ValidationError as exc:
         return fail(f"bad admin settings: {exc.errors()[0]['msg']}")
+    from sqlalchemy.exc import DatabaseError
+
     try:
-        backend = StoreBackend(args.disk_path, read_only=args.read_only)
+        backend = StoreBackend(args.disk_path, read_only=args.read_only, index_url=args.index_url,
+                               object_store=args.object_store)
     except StoreBusyError as exc:
         return fail(f"{exc} (a running `chunkstore serve` mounts this API at {API_PREFIX}; or pass --read-only)")
     except (FileNotFoundError, IndexMissingError, RuntimeError, ValueError, OSError) as exc:
         return fail(str(exc))
+    except DatabaseError as exc:  # (sqlalchemy's: a database that does not answer, or refuses)
+        from chunkstore.disk import display_url
+
+        where = display_url(args.index_url) if args.index_url else f"{args.disk_path}/index.db"
+        return fail(f"cannot use the index at {where}: {exc.orig}")
     try:
         try:
             app = create_app(backend, settings)

@@ -26,7 +26,7 @@ def test_migrations_match_the_schema_module(tmp_path):
 
 def test_the_disk_schema_holds_only_the_disk_tiers_tables():
     assert set(disk_metadata.tables) == {"store_meta", "chunks", "namespace_usage", "namespace_quotas", "counters",
-                                         "chunk_claims"}
+                                         "chunk_claims", "server_counters"}
     assert set(api_metadata.tables) == {"stats_history"}
 
 
@@ -55,3 +55,36 @@ def test_usage_triggers_follow_inserts_and_deletes(tmp_path):
         assert usage[ns].stored_bytes == sum(r.stored_bytes for r in kept)
         assert usage[ns].raw_bytes == 100 * len(kept)
     index.close()
+
+
+def test_server_counters_add_up_per_server_and_old_rows_are_pruned(tmp_path):
+    from sqlalchemy import insert
+
+    from chunkstore.disk.index import SERVER_PRUNE_S
+    from chunkstore.disk.schema import server_counters
+
+    url = sqlite_url(tmp_path)
+    a, b = ChunkIndex(url, server_name="a"), ChunkIndex(url, server_name="b")
+    with a.engine.begin() as conn:  # a server last seen over a week ago
+        old = 1000.0
+        conn.execute(insert(server_counters).values(server="old", hits=1, misses=0, published=0, dedup_hits=0,
+                                                    write_errors=0, first_seen_at=old, last_seen_at=old))
+    rows = [ChunkRow(bytes([i]) * 32, b"\0" * 32, "ns", 4, 100, 60, 1.0, 1.0) for i in range(3)]
+    assert a.insert(rows) == 3 and a.insert(rows) == 0  # published: the rows new to the index
+    a.count_event("ns", "hits", 2)
+    a.count_event("other", "misses")
+    a.count_event("ns", "evictions")  # a namespace's counter only
+    b.count_event("ns", "dedup_hits", 4)
+    mine = {c.server: c for c in a.server_counts()}["a"]  # not written yet: this process's own
+    assert (mine.hits, mine.misses, mine.published) == (2, 1, 3)
+    a.flush()  # the first flush also prunes rows not seen for SERVER_PRUNE_S
+    b.flush()
+    a.close()
+    b.close()
+    again = ChunkIndex(url, server_name="c")
+    counts = {c.server: c for c in again.server_counts()}
+    again.close()
+    assert set(counts) == {"a", "b", "c"} and counts["c"].first_seen_at is None
+    assert (counts["a"].hits, counts["a"].misses, counts["a"].published, counts["a"].dedup_hits) == (2, 1, 3, 0)
+    assert (counts["b"].hits, counts["b"].dedup_hits) == (0, 4)
+    assert counts["a"].first_seen_at <= counts["a"].last_seen_at and 1000.0 + SERVER_PRUNE_S < counts["a"].last_seen_at

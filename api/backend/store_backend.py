@@ -1,7 +1,9 @@
 """StoreBackend: the management API over a chunk store on disk, with no cache running (`chunkstore admin`).
 
 Invariants: the model identity comes from the store's own store.json; the store is opened for
-writing (taking its writer lock, so no cache runs on it meanwhile) unless ``read_only``; a rebuild
+writing (taking its writer lock, so no cache runs on it meanwhile) unless ``read_only``; its index
+and payloads are the folder's own unless ``index_url`` / ``object_store`` name a shared tier's
+(a PostgreSQL database, a bucket: docs/FLEET.md), which every open (a rebuild's too) uses; a rebuild
 swaps the store only once no request uses it (requests arriving meanwhile get
 StoreUnavailableError), and the backend closes every store it opened.
 """
@@ -13,12 +15,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chunkstore.disk import Durability
 from chunkstore.disk.maintenance import Progress, RebuildReport
 from chunkstore.disk.maintenance import rebuild as rebuild_index
 from chunkstore.disk.store import ChunkStore, read_identity
+
+if TYPE_CHECKING:
+    from chunkstore.disk.objects import ObjectStoreConfig
+    from chunkstore.disk.payloads import PayloadStore
 
 from chunkstore.api.backend.base import (
     AdminBackend, BackendError, BackendKind, BackendSnapshot, Decode, FlushOutcome, ReadOnlyError, StartClock,
@@ -27,15 +33,21 @@ from chunkstore.api.backend.base import (
 
 
 class StoreBackend(AdminBackend):
-    """A ChunkStore opened from ``path``. Raises FileNotFoundError (no store there), StoreBusyError
-    (another process writes it; use ``read_only``), IndexMissingError, or RuntimeError (an index
-    that needs `chunkstore db upgrade` before a read-only open)."""
+    """A ChunkStore opened from ``path``; with ``index_url`` (a PostgreSQL database) and
+    ``object_store`` (``s3://bucket[/prefix]``, endpoint and keys from the AWS_* variables, or an
+    ObjectStoreConfig) the shared tier's. Raises FileNotFoundError (no store there, no bucket),
+    StoreBusyError (another process writes it; use ``read_only``), IndexMissingError, ValueError (a
+    bad URL), sqlalchemy's DatabaseError (a database that cannot be used), or RuntimeError (an
+    index that needs `chunkstore db upgrade` before a read-only open)."""
 
     kind = BackendKind.STORE
 
     def __init__(self, path: str | Path, *, read_only: bool = False, decode: Decode | None = None,
-                 durability: Durability = Durability.FSYNC) -> None:
+                 durability: Durability = Durability.FSYNC, index_url: str | None = None,
+                 object_store: str | ObjectStoreConfig | None = None) -> None:
         self.root = Path(path)
+        self.index_url = index_url
+        self.object_store = object_store
         identity = read_identity(self.root)
         if identity is None:
             raise FileNotFoundError(f"no chunk store at {self.root} (no store.json)")
@@ -51,7 +63,16 @@ class StoreBackend(AdminBackend):
 
     def _open(self, *, reset_index: bool = False) -> ChunkStore:
         return ChunkStore(self.root, self.identity, read_only=self.read_only, durability=self._durability,
-                          reset_index=reset_index)
+                          reset_index=reset_index, index_url=self.index_url, payloads=self._payloads())
+
+    def _payloads(self) -> PayloadStore | None:
+        """The bucket's payloads (a new client per open), or None: the folder's own."""
+        if self.object_store is None:
+            return None
+        from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+
+        config = self.object_store
+        return ObjectPayloads(ObjectStoreConfig(config) if isinstance(config, str) else config)
 
     @property
     def data_dir(self) -> Path:

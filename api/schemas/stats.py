@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from chunkstore.cache.stats import TierUsage
+from chunkstore.disk.results import SERVER_STALE_S, ServerStats, SharedTierStats
 from chunkstore.disk.store import NamespaceStats, StoreStats
 from chunkstore.disk.write_health import WriteHealth
 
@@ -66,6 +67,52 @@ class WriteHealthPublic(BaseModel):
                    last_error_at=h.last_error_at, last_ok_at=h.last_ok_at)
 
 
+class ServerPublic(BaseModel):
+    """One server of a shared tier, as the tier's index counts it (since its row was made)."""
+
+    server: str = Field(description="the server's name, host:pid (its writer id adds a part per store)")
+    hits: int = Field(description="pages it read from the tier")
+    misses: int = Field(description="pages it asked the tier for and did not find (or found damaged)")
+    hit_rate: float | None = Field(description="hits / (hits + misses); None before its first lookup")
+    published: int = Field(description="rows it added to the tier: its puts' pages (and chunks its repairs or "
+                                       "rebuilds re-indexed)")
+    dedup_hits: int = Field(description="pages it did not write: stored already, or claimed by another server")
+    write_errors: int = Field(description="pages it failed to write")
+    first_seen_at: float | None = Field(description="when its counts were first written (None: not yet)")
+    last_seen_at: float | None = Field(description="when its counts were last written (a serving server writes "
+                                                   "them every few seconds, and with every flush)")
+    is_self: bool = Field(description="the server that answers this request")
+    is_stale: bool = Field(description="not seen for stale_after_s: idle, or gone (never the server answering)")
+
+    @classmethod
+    def of(cls, s: ServerStats) -> "ServerPublic":
+        return cls(server=s.server, hits=s.hits, misses=s.misses, hit_rate=s.hit_rate, published=s.published,
+                   dedup_hits=s.dedup_hits, write_errors=s.write_errors, first_seen_at=s.first_seen_at,
+                   last_seen_at=s.last_seen_at, is_self=s.is_self, is_stale=s.is_stale)
+
+
+class LocalCopyPublic(BaseModel):
+    """This server's local copy of the shared tier's chunks it read (docs/FLEET.md#the-local-copy),
+    since it started; the sizes are now's."""
+
+    folder: str = Field(description="where the copies are (shared-cache/ in the server's store folder)")
+    capacity_bytes: int = Field(description="the most bytes of copies kept (local_cache_size)")
+    size_bytes: int = Field(description="the copies' bytes now")
+    entries: int = Field(description="copies now")
+    hits: int = Field(description="reads served from a copy (no GET)")
+    misses: int = Field(description="reads that went to the bucket")
+    fills: int = Field(description="copies written")
+    fill_failures: int = Field(description="copies that could not be written (a full disk); the reads still hit")
+    dropped: int = Field(description="copies whose digest did not match, removed (the bucket was read instead)")
+    evicted: int = Field(description="copies removed to stay within capacity_bytes, least recently read first")
+
+    @classmethod
+    def of(cls, s) -> "LocalCopyPublic":
+        return cls(folder=s.folder, capacity_bytes=s.capacity_bytes, size_bytes=s.size_bytes, entries=s.entries,
+                   hits=s.hits, misses=s.misses, fills=s.fills, fill_failures=s.fill_failures, dropped=s.dropped,
+                   evicted=s.evicted)
+
+
 class SharedTierPublic(BaseModel):
     """A shared tier (many servers on one PostgreSQL index and one bucket, docs/FLEET.md) as this
     server sees it; the disk figures beside it are the whole tier's."""
@@ -73,15 +120,23 @@ class SharedTierPublic(BaseModel):
     payload_store: str = Field(description="the bucket URL every server of the tier names")
     index: str = Field(description="the index's database, its password hidden")
     writer_id: str = Field(description="this server's name in the publish claims")
+    server_name: str = Field(description="this server's row in servers (host:pid)")
     claims: int = Field(description="publish claims held now, by any server")
     lapsed_claims: int = Field(description="of them, past their expiry: dead or stalled writers' (gc sweeps them)")
     read_health: WriteHealthPublic = Field(description="this server's failed index lookups and object reads "
                                                        "(the database or the bucket not answering)")
+    servers: list[ServerPublic] = Field(description="every server's counts, this one first, then the most "
+                                                    "recently seen")
+    stale_after_s: float = Field(description="a server not seen for this long is shown stale")
+    local_copy: LocalCopyPublic | None = Field(None, description="this server's local copy of what it read "
+                                                                 "(none when local_cache_size is 0)")
 
     @classmethod
-    def of(cls, s) -> "SharedTierPublic":
-        return cls(payload_store=s.payload_store, index=s.index, writer_id=s.writer_id, claims=s.claims,
-                   lapsed_claims=s.lapsed_claims, read_health=WriteHealthPublic.of(s.read_health))
+    def of(cls, s: SharedTierStats) -> "SharedTierPublic":
+        return cls(payload_store=s.payload_store, index=s.index, writer_id=s.writer_id, server_name=s.server_name,
+                   claims=s.claims, lapsed_claims=s.lapsed_claims, read_health=WriteHealthPublic.of(s.read_health),
+                   servers=[ServerPublic.of(x) for x in s.servers], stale_after_s=SERVER_STALE_S,
+                   local_copy=LocalCopyPublic.of(s.local_copy) if s.local_copy is not None else None)
 
 
 class DiskPublic(BaseModel):

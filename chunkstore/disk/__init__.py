@@ -21,7 +21,7 @@ _OWNERS = {
     "chunkstore.disk.store_folder": ("StoreBusyError", "store_root", "read_identity"),
     # the seams: where the index and the payloads are; owner-only files (the store's own, and any
     # other a caller keeps beside it)
-    "chunkstore.disk.index": ("sqlite_url", "index_backend", "ChunkOrder", "ChunkQuery", "ChunkRow",
+    "chunkstore.disk.index": ("sqlite_url", "index_backend", "display_url", "ChunkOrder", "ChunkQuery", "ChunkRow",
                               "IndexMissingError"),
     "chunkstore.disk.payloads": ("PayloadStore", "PayloadsUnavailable", "Staged"),
     "chunkstore.disk.objects": ("ObjectPayloads", "ObjectStoreConfig", "parse_object_url"),
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from chunkstore.disk.file_check import FileCheck, FileStatus
     from chunkstore.disk.files import PRIVATE_FILE_MODE, ChunkFiles, Durability, make_private, write_private_file
     from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
-    from chunkstore.disk.index import ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError, index_backend, sqlite_url
+    from chunkstore.disk.index import (ChunkOrder, ChunkQuery, ChunkRow, IndexMissingError, display_url,
+                                       index_backend, sqlite_url)
     from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, engine_pages, page_key, root_key
     from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig, parse_object_url
     from chunkstore.disk.payload_cache import CachedPayloads, bucket_payloads

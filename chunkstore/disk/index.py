@@ -10,7 +10,9 @@ Invariants: a row exists only for a chunk whose file was published first (the st
 file, then the row; deletes the row, then the file); all writes go through one connection under
 one lock (one writer at a time) in batched transactions; reads use pooled connections and never
 block on the writer (WAL); ``generation`` grows with every committed change to the rows, so an
-eviction plan knows whether it is still exact. Nothing per chunk is kept in Python memory. The
+eviction plan knows whether it is still exact. Nothing per chunk is kept in Python memory.
+Counters (per namespace, and per server in ``server_counters``: one row per process, ``host:pid``,
+read by a shared tier's stats) are buffered and written with write transactions made anyway. The
 index is the store's own (ChunkStore._index): other parts call the store's methods. The database file is
 created 0600 before SQLite opens it (SQLite gives the -wal and -shm files the main file's mode),
 and a writer makes existing index files 0600.
@@ -18,7 +20,9 @@ and a writer makes existing index files 0600.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import threading
 import time
 from collections import Counter
@@ -38,13 +42,21 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from chunkstore.choices import Choice
 from chunkstore.disk import migrations
 from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
-from chunkstore.disk.schema import chunk_claims, chunks, counters, namespace_quotas, namespace_usage, store_meta
+from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counters, namespace_quotas, namespace_usage,
+                                    server_counters, store_meta)
 
 DB_FILENAME = "index.db"
 _IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
 _MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
 _EVICTOR_LOCK = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
 EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
+# Per-server counters (schema 0006): the events counted per server beside their namespace's counter
+# (``count_event``), and how often a write transaction carries them (an explicit flush always does,
+# and writes the server's row even with nothing to add: ``last_seen_at`` then says it is alive).
+SERVER_EVENTS = frozenset(SERVER_COUNTS) - {"published"}  # published: the rows this index inserted
+SERVER_WRITE_INTERVAL_S = 5.0
+SERVER_PRUNE_S = 7 * 86400.0  # a server's row not written for this long is deleted (at most hourly)
+_SERVER_PRUNE_EVERY_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +100,26 @@ class NamespaceUsage:
     raw_bytes: int
     stored_bytes: int
     quota_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerCounts:
+    """One server's row of ``server_counters`` (its counts since its row was first written)."""
+
+    server: str
+    hits: int = 0
+    misses: int = 0
+    published: int = 0
+    dedup_hits: int = 0
+    write_errors: int = 0
+    first_seen_at: float | None = None  # None: this process's counts, not written yet
+    last_seen_at: float | None = None
+
+
+def default_server_name() -> str:
+    """The name this process's counts go under: ``host:pid`` (a store's ``writer_id`` adds a
+    random part per store)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class ChunkOrder(Choice):
@@ -249,11 +281,16 @@ def _row_values(rows: Iterable[ChunkRow]) -> list[dict]:
 class ChunkIndex:
     """Rows of the chunk index; thread-safe. Writes are serialised by ``write_lock``."""
 
-    def __init__(self, url: str, *, read_only: bool = False, must_exist: bool = False):
+    def __init__(self, url: str, *, read_only: bool = False, must_exist: bool = False,
+                 server_name: str | None = None):
         """Open (and migrate, unless ``read_only``) the index at ``url`` (``sqlite_url(folder)``).
-        Raises IndexMissingError when there is no index file and ``read_only`` or ``must_exist``,
-        ValueError for a URL that names no SQLite file."""
+        ``server_name`` names this process's row of per-server counters (default ``host:pid``;
+        tests name several servers in one process). Raises IndexMissingError when there is no index
+        file and ``read_only`` or ``must_exist``, ValueError for a URL that names no SQLite file."""
+        if server_name is not None and not server_name:
+            raise ValueError("server_name must not be empty")
         self.url = url
+        self.server_name = server_name or default_server_name()
         self.backend = index_backend(url)
         self.is_sqlite = self.backend == "sqlite"
         self.path = sqlite_path(url) if self.is_sqlite else None
@@ -273,6 +310,9 @@ class ChunkIndex:
         self.write_lock = threading.RLock()
         self._pending_touch: dict[bytes, tuple[int, float]] = {}
         self._pending_counts: Counter[tuple[str, str]] = Counter()
+        self._pending_server: Counter[str] = Counter()  # this server's counts (SERVER_COUNTS)
+        self._server_written_at = 0.0  # when this server's row was last written (time.time())
+        self._pruned_at = 0.0
         self._pending_lock = threading.Lock()
         # The writer's quotas, read once per namespace: only set_quota changes them while this
         # process holds the store's writer lock (every put asks, per namespace).
@@ -400,6 +440,22 @@ class ChunkIndex:
             for k, v in self._pending_counts.items():
                 values[k] = values.get(k, 0) + v
         return values
+
+    def server_counts(self, limit: int = 500) -> list[ServerCounts]:
+        """The per-server counters, most recently seen first (at most ``limit`` servers), with this
+        process's counts not yet written added to its own row (which is always there: with
+        ``first_seen_at`` None before its first write)."""
+        c = server_counters.c
+        with self.engine.connect() as conn:
+            stmt = select(server_counters).order_by(c.last_seen_at.desc(), c.server).limit(limit)
+            rows = {r["server"]: ServerCounts(**{k: (int(v) if k in SERVER_COUNTS else v) for k, v in r.items()})
+                    for r in conn.execute(stmt).mappings()}
+        with self._pending_lock:
+            pending = Counter(self._pending_server)
+        mine = rows.get(self.server_name) or ServerCounts(self.server_name)
+        rows[self.server_name] = dataclasses.replace(
+            mine, **{name: getattr(mine, name) + pending.get(name, 0) for name in SERVER_COUNTS})
+        return list(rows.values())
 
     def keys_in_namespace(self, namespace: str, limit: int) -> list[Victim]:
         with self.engine.connect() as conn:
@@ -543,13 +599,16 @@ class ChunkIndex:
     # -- writes (each takes write_lock) ----------------------------------------------------
 
     def insert(self, rows: Iterable[ChunkRow]) -> int:
-        """Insert rows, ignoring keys already present; returns how many were new."""
+        """Insert rows, ignoring keys already present; returns how many were new (counted from the
+        keys the statement returns: an executemany's rowcount is -1 on PostgreSQL)."""
         values = _row_values(rows)
         if not values:
             return 0
         with self._writing() as conn:
-            result = conn.execute(self._insert(chunks).on_conflict_do_nothing(), values)
-            return int(result.rowcount)
+            stmt = self._insert(chunks).on_conflict_do_nothing().returning(chunks.c.key)
+            n = len(conn.execute(stmt, values).all())
+        self._count_published(n)
+        return n
 
     def delete(self, keys: Sequence[bytes]) -> int:
         n = 0
@@ -601,6 +660,7 @@ class ChunkIndex:
                 held.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
             if mine := [r for r in rows if r.key in held]:
                 conn.execute(self._insert(chunks).on_conflict_do_nothing(), _row_values(mine))
+        self._count_published(len(held))
         return held
 
     def release(self, keys: Iterable[bytes], writer: str) -> int:
@@ -717,36 +777,74 @@ class ChunkIndex:
             self.flush()
 
     def count_event(self, namespace: str, name: str, n: int = 1) -> None:
+        """Count ``n`` events ``name`` of ``namespace`` (and, for SERVER_EVENTS, of this server);
+        written with the next write transaction or flush."""
         if n:
             with self._pending_lock:
                 self._pending_counts[(namespace, name)] += n
+                if name in SERVER_EVENTS:
+                    self._pending_server[name] += n
+
+    def _count_published(self, n: int) -> None:
+        if n:
+            with self._pending_lock:
+                self._pending_server["published"] += n
 
     def flush(self) -> None:
+        """Write the buffered access times and counters, this server's row included (even with
+        nothing to add: its ``last_seen_at`` moves)."""
         if self.read_only:
             return
-        with self._writing(changes_rows=False):
+        with self._writing(changes_rows=False, server_row=True):
             pass  # the transaction writes the buffers
 
     @contextmanager
-    def _writing(self, changes_rows: bool = True) -> Iterator[Connection]:
+    def _writing(self, changes_rows: bool = True, server_row: bool = False) -> Iterator[Connection]:
         """A write transaction (under ``write_lock``) that first writes the buffered access times
-        and counters. When it fails (a full disk) the counters go back to the buffer for the next
-        transaction that commits; access times are hints and are dropped, so the buffer stays
-        bounded however long the disk is full."""
+        and counters; this server's counts too when ``server_row`` (an explicit flush) or at most
+        every SERVER_WRITE_INTERVAL_S (so a put batch seldom pays a statement for them). When it
+        fails (a full disk) the counters go back to the buffer for the next transaction that
+        commits; access times are hints and are dropped, so the buffer stays bounded however long
+        the disk is full."""
         with self.write_lock:
+            now = time.time()
+            due = server_row or now - self._server_written_at >= SERVER_WRITE_INTERVAL_S
             with self._pending_lock:
                 touches, self._pending_touch = self._pending_touch, {}
                 counts, self._pending_counts = self._pending_counts, Counter()
+                servers: Counter[str] = Counter()
+                if due:
+                    servers, self._pending_server = self._pending_server, Counter()
+            writes_server = bool(servers) or server_row
             try:
                 with self.engine.begin() as conn:
                     self._flush_in(conn, touches, counts)
+                    if writes_server:
+                        self._write_server_row(conn, servers, now)
                     yield conn
             except BaseException:
                 with self._pending_lock:
                     self._pending_counts.update(counts)
+                    self._pending_server.update(servers)
                 raise
+            if writes_server:
+                self._server_written_at = now
             if changes_rows or touches:
                 self.generation += 1
+
+    def _write_server_row(self, conn: Connection, counts: Counter[str], now: float) -> None:
+        """Add ``counts`` to this server's row (made on its first write), ``last_seen_at`` = now;
+        at most hourly, delete the rows of servers not seen for SERVER_PRUNE_S."""
+        c = server_counters.c
+        stmt = self._insert(server_counters).values(server=self.server_name, first_seen_at=now, last_seen_at=now,
+                                                    **{name: counts.get(name, 0) for name in SERVER_COUNTS})
+        changes = {name: c[name] + stmt.excluded[name] for name in SERVER_COUNTS}
+        changes["last_seen_at"] = self._greater(c.last_seen_at, stmt.excluded.last_seen_at)
+        conn.execute(stmt.on_conflict_do_update(index_elements=["server"], set_=changes))
+        if now - self._pruned_at >= _SERVER_PRUNE_EVERY_S:
+            conn.execute(server_counters.delete().where(c.last_seen_at < now - SERVER_PRUNE_S,
+                                                        c.server != self.server_name))
+            self._pruned_at = now
 
     def _flush_in(self, conn: Connection, touches: dict[bytes, tuple[int, float]],
                   counts: Counter[tuple[str, str]]) -> None:

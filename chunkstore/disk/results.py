@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from chunkstore.disk.index import NamespaceUsage
+from chunkstore.disk.index import NamespaceUsage, ServerCounts
 from chunkstore.disk.write_health import WriteHealth
+
+if TYPE_CHECKING:
+    from chunkstore.disk.payload_cache import LocalCopyStats
 
 STORE_WIDE = ""  # counter namespace for events that belong to no known namespace
 COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors")
+# A server whose counts were not written for this long is shown stale: idle, or gone (its row is
+# pruned after chunkstore.disk.index.SERVER_PRUNE_S). A live server writes them at least every few
+# seconds while it serves, and with every flush.
+SERVER_STALE_S = 900.0
 
 
 class ReadOnlyStoreError(PermissionError):
@@ -58,6 +66,40 @@ class NamespaceStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerStats:
+    """One server of a shared tier as the index counts it (its row of ``server_counters``, summed
+    over namespaces since the row was made)."""
+
+    server: str  # host:pid
+    hits: int  # pages it read from the tier
+    misses: int  # pages it asked for and did not find (or found damaged)
+    published: int  # rows it added to the tier (its puts' pages; chunks its repairs or rebuilds re-indexed)
+    dedup_hits: int  # pages it did not write: stored already, or claimed by another server
+    write_errors: int  # pages it failed to write
+    first_seen_at: float | None  # when its counts were first written (None: not written yet)
+    last_seen_at: float | None  # when its counts were last written
+    is_self: bool  # the server these statistics come from
+    is_stale: bool  # not written for SERVER_STALE_S (never this server's own)
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses); None before its first lookup."""
+        looked = self.hits + self.misses
+        return self.hits / looked if looked else None
+
+
+def server_stats(counts: Iterable[ServerCounts], this_server: str, now: float,
+                 stale_s: float = SERVER_STALE_S) -> tuple[ServerStats, ...]:
+    """The per-server figures of the index's rows: this server first, then by last seen, newest first."""
+    out = [ServerStats(server=c.server, hits=c.hits, misses=c.misses, published=c.published, dedup_hits=c.dedup_hits,
+                       write_errors=c.write_errors, first_seen_at=c.first_seen_at, last_seen_at=c.last_seen_at,
+                       is_self=c.server == this_server,
+                       is_stale=c.server != this_server and (c.last_seen_at is None or now - c.last_seen_at > stale_s))
+           for c in counts]
+    return tuple(sorted(out, key=lambda s: (not s.is_self, -(s.last_seen_at or 0.0), s.server)))
+
+
+@dataclass(frozen=True, slots=True)
 class SharedTierStats:
     """A shared tier as one of its servers sees it (StoreStats.shared); the rows and bytes of
     StoreStats are the whole tier's."""
@@ -68,6 +110,9 @@ class SharedTierStats:
     claims: int  # publish claims held now, by any server
     lapsed_claims: int  # of them, past their expiry (dead or stalled writers; the sweeper's)
     read_health: WriteHealth = WriteHealth()  # this process's failed lookups and reads (an outage)
+    server_name: str = ""  # this server's row among ``servers`` (host:pid; writer_id adds a part per store)
+    servers: tuple[ServerStats, ...] = ()  # every server's counts (server_stats), this one first
+    local_copy: LocalCopyStats | None = None  # this server's local copy of what it read (payload_cache.py)
 
 
 @dataclass(frozen=True, slots=True)

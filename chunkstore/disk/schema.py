@@ -71,3 +71,16 @@ chunk_claims = Table(
     Index("ix_chunk_claims_expires_at", "expires_at"),
     sqlite_with_rowid=False,
 )
+
+# Per-server counters (alembic 0006): each server (a process, ``host:pid``) adds its page hits,
+# misses, pages published, duplicates and failed page writes with the index's buffered counter
+# flush; ``last_seen_at`` is when its counts were last written (stale rows are pruned).
+SERVER_COUNTS = ("hits", "misses", "published", "dedup_hits", "write_errors")
+server_counters = Table(
+    "server_counters", metadata,
+    Column("server", String, primary_key=True),
+    *(Column(name, WideInteger, nullable=False, server_default="0") for name in SERVER_COUNTS),
+    Column("first_seen_at", Float, nullable=False),
+    Column("last_seen_at", Float, nullable=False),
+    Index("ix_server_counters_last_seen_at", "last_seen_at"),
+)

@@ -90,7 +90,7 @@ MUTATING_METHODS = (
 READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
-    "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers", "lapsed_claims",
+    "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers", "lapsed_claims", "claimed_keys",
 )
 
 
@@ -707,6 +707,12 @@ class ChunkStore:
         (key, writer): what dead or stalled writers left for the sweeper. Empty otherwise."""
         return self._index.lapsed_claims(now, limit) if self.shared else []
 
+    def claimed_keys(self, keys: Sequence[bytes]) -> set[bytes]:
+        """Those of ``keys`` a writer of a shared tier holds a claim on now, lapsed or not (a put,
+        an eviction or a sweep in flight, or a dead writer's, the sweeper's): their objects may
+        have no row yet, or no longer. Empty for a store of its own."""
+        return self._index.claimed(keys) if self.shared else set()
+
     def _delete_claimed(self, keys: Sequence[bytes]) -> int:
         """Claim ``keys`` (wins only unclaimed or lapsed ones, and never a key with a row), delete
         the objects of those won, release the claims; returns how many objects went."""
@@ -913,12 +919,18 @@ class ChunkStore:
     # -- stats -----------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
+        """The store's figures (the whole tier's, on a shared tier, with ``shared`` set: its claims,
+        this server's read health and every server's counts, this one's first)."""
         stats = store_stats(self._index.counter_values(), self._index.usage(), self.capacity_bytes,
                             self._writes.health())
         if not self.shared:
             return stats
+        from chunkstore.disk.results import server_stats
+
         claims, lapsed = self._index.claim_counts()
+        servers = server_stats(self._index.server_counts(), self._index.server_name, time.time())
         shared = SharedTierStats(payload_store=self.payloads.shared_name, index=self._index.name,
                                  writer_id=self.writer_id, claims=claims, lapsed_claims=lapsed,
-                                 read_health=self._reads.health())
+                                 read_health=self._reads.health(), server_name=self._index.server_name,
+                                 servers=servers, local_copy=self.payloads.local_copy_stats())
         return dataclasses.replace(stats, shared=shared)

@@ -200,5 +200,7 @@ def test_a_server_reads_what_it_read_before_from_its_local_copy_even_with_the_ga
         again = complete(b, prompt)
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         assert cached(again)["disk"] > 0  # the rows say the pages are there; the local copy serves them
+        copy = b.client.get("/api/v1/stats").json()["disk"]["shared_tier"]["local_copy"]
+        assert copy["hits"] > 0 and copy["misses"] == 0 and copy["entries"] > 0
     finally:
         shared_s3.start_gateway()

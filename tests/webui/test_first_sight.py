@@ -100,7 +100,7 @@ def test_with_tenants_the_first_401_asks_and_the_data_comes_with_the_token(page_
     page.click("#token-save")
     page.wait_for_selector("#overview-tiers .tier[data-tier=disk]")  # the same calls, made again
     page.wait_for_selector(".live[data-state=live]")  # the event stream too
-    page.wait_for_function("() => document.querySelector('#view-overview .hint')?.textContent.startsWith('History')")
+    page.wait_for_function("() => document.querySelector('#history-note')?.textContent.startsWith('History')")
     assert page.evaluate("window.tokenDialogsShown") == 1  # one question for all the refused calls
     assert page.is_hidden("#errors")  # answered: not an error
     assert page.inner_text("#auth-state") == "Token: set (this tab)"

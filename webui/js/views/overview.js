@@ -2,11 +2,13 @@
 // transfer rates over time (GET /stats/history, then live from GET /events), bytes moved per path,
 // queue depths, compression and quarantined chunks, all as the API reports them. A badge in the status
 // line says whether the disk tier's writes succeed (disk.write_health.degraded: the last write failed).
+// On a shared tier (disk.shared_tier) a section shows the tier and its servers (shared_tier.js).
 
 import * as api from "../api.js";
 import {TimeChart} from "../charts.js";
 import {bytes, bytesPerSecond, dl, fill, h, num, pct, seconds, table, when} from "../dom.js";
 import * as series from "../series.js";
+import {createSharedTier} from "./shared_tier.js";
 
 const TIER_NAMES = {device: "Device", host: "Host", disk: "Disk"};
 
@@ -56,10 +58,11 @@ export function createOverview(section, ctx) {
   const warning = h("p", {class: "warning", hidden: true});
   const writeWarning = h("p", {class: "warning", id: "disk-write-warning", hidden: true});
   const tiers = h("div", {class: "tiers", id: "overview-tiers"});
+  const sharedTier = createSharedTier();
   const figures = h("div", {class: "figures"});
   const boxes = {hit: h("div", {id: "chart-hit-rate"}), ttft: h("div", {id: "chart-ttft"}),
                  throughput: h("div", {id: "chart-throughput"}), transfers: h("div", {id: "chart-transfers"})};
-  const historyNote = h("p", {class: "hint"});
+  const historyNote = h("p", {class: "hint", id: "history-note"});
   const paths = h("div");
   const queues = h("div");
   const evicted = h("div");
@@ -69,6 +72,7 @@ export function createOverview(section, ctx) {
     writeWarning,
     warning,
     h("section", {"aria-labelledby": "tiers-h"}, h("h3", {id: "tiers-h", class: "section-title"}, "Tiers"), tiers),
+    sharedTier.section,
     figures,
     h("section", {"aria-labelledby": "charts-h"},
       h("h3", {id: "charts-h", class: "section-title"}, "Over time"), historyNote,
@@ -115,6 +119,7 @@ export function createOverview(section, ctx) {
     fill(status, `Backend: ${st.backend === "cache" ? "live cache" : "store on disk (offline)"}`,
       st.namespace ? ` · namespace ${st.namespace}` : "", ` · up ${seconds(st.uptime_s)} · figures of ${when(st.taken_at)}`);
     fill(tiers, st.tiers.map(tierBox));
+    sharedTier.render(st);
     const d = st.disk;
     showDiskHealth(diskHealth, writeWarning, d ? d.write_health : null);
     warning.hidden = !(d && d.quarantined > 0);
