@@ -104,6 +104,22 @@ def test_a_key_claimed_by_a_live_writer_is_left_to_it_and_taken_over_once_lapsed
     assert b.num_chunks() == 1 and same_bytes(a.get(pages[:1])[0], tensors[0])
 
 
+def test_verify_beside_a_put_in_flight_finds_no_orphan_and_adopts_nothing(open_server, chain, moto_s3, bucket_url):
+    pages, tensors = chain
+    faults = IndexFaults(hold_inserts=threading.Event())
+    a = open_server("a", index_factory=faulty_index(faults))
+    checker = open_server("checker")
+    thread, out = _stalled_put(a, pages[:3], tensors[:3])
+    _wait_for(lambda: len(_objects(moto_s3, bucket_url)) == 3)  # uploaded; the rows wait under a's claims
+    assert verify(checker).orphans == 0
+    repaired = verify(checker, repair=True)
+    assert (repaired.orphans, repaired.adopted) == (0, 0) and checker.num_chunks() == 0
+    faults.hold_inserts.set()
+    thread.join(10)
+    assert out["result"].stored == [p.key for p in pages[:3]]  # a's put commits its own rows
+    assert verify(checker).ok == 3
+
+
 def test_two_servers_racing_to_publish_the_same_pages_store_each_once(open_server, identity):
     pages = chain_pages(identity, list(range(identity.page_size * 24)))
     tensors = kv_pages(identity, len(pages))

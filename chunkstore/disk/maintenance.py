@@ -138,19 +138,27 @@ def _remove_temps(store: ChunkStore) -> int:
     return store.remove_leftover_temps()
 
 
+def _without_rows(store: ChunkStore, batch: list[bytes]) -> list[bytes]:
+    """The keys of ``batch`` with no index row and, on a shared tier, no claim: a claimed key's
+    object is another server's put, eviction or sweep in flight (or a dead writer's, which the
+    sweeper of `gc` deletes), never an orphan to adopt."""
+    present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
+    keys = [k for k in batch if k not in present]
+    claimed = store.claimed_keys(keys) if keys else set()
+    return [k for k in keys if k not in claimed]
+
+
 def _orphan_batches(store: ChunkStore) -> Iterator[list[bytes]]:
     """Keys of chunk files that have no index row, a batch at a time (a full scan of the tree)."""
     for batch in _chunked(store.payloads.keys(), _BATCH):
-        present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
-        if orphans := [k for k in batch if k not in present]:
+        if orphans := _without_rows(store, batch):
             yield orphans
 
 
 def _still_orphans(store: ChunkStore, keys: list[bytes]) -> int:
     n = 0
     for batch in _chunked(keys, _BATCH):
-        present = {k for k, ok in zip(batch, store.exists(batch)) if ok}
-        n += sum(1 for k in batch if k not in present and store.payloads.exists(k))
+        n += sum(1 for k in _without_rows(store, batch) if store.payloads.exists(k))
     return n
 
 
