@@ -129,6 +129,21 @@ def test_blocks_are_saved_loaded_and_survive_a_restart(model, tmp_path):
 
 
 @needs_engine
+def test_two_engines_on_one_shared_tier_serve_each_others_blocks(model, tmp_path, postgres_url, moto_s3, bucket_url,
+                                                                 monkeypatch):
+    for name, value in moto_s3.aws_env().items():  # the bucket's endpoint and keys, as a deployment sets them
+        monkeypatch.setenv(name, value)
+    shared = {"index_url": postgres_url, "object_store": bucket_url}
+    (first, _), _ = run(model, tmp_path / "engine-a", [{"generate": [PROMPT]}, {"wait_chunks": 3}], tmp_path,
+                        extra=shared)
+    (warm,), _ = run(model, tmp_path / "engine-b", [{"generate": [PROMPT]}], tmp_path, extra=shared)
+    assert warm["outputs"][0]["cached"] == 3 * BLOCK and warm["tiers"].get("disk") == 3 * BLOCK
+    assert warm["outputs"][0]["tokens"] == first["outputs"][0]["tokens"]
+    assert not (tmp_path / "engine-a" / "chunks").exists()  # the blocks are in the bucket, not engine a's folder
+    assert (tmp_path / "engine-b" / "shared-cache").is_dir()  # engine b kept a local copy of what it read
+
+
+@needs_engine
 @pytest.mark.parametrize("async_load", [True, False], ids=["async", "sync"])
 def test_a_corrupt_chunk_is_recomputed_reported_and_saved_again(model, tmp_path, async_load):
     data = tmp_path / "kv"

@@ -25,6 +25,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from chunkstore import ChunkStore  # noqa: E402
+from chunkstore.disk import bucket_payloads  # noqa: E402
 from chunkstore.disk.store_folder import read_identity  # noqa: E402
 from chunkstore.integrations.vllm import local_caches  # noqa: E402
 
@@ -38,13 +39,14 @@ def tier_tokens() -> dict[str, int]:
     return out
 
 
-def wait_chunks(data: str, count: int) -> int:
+def wait_chunks(data: str, count: int, extra: dict) -> int:
     deadline = time.monotonic() + 60
     while True:
         identity = read_identity(data)
         found = 0
-        if identity is not None:
-            with ChunkStore(data, identity, read_only=True) as store:
+        if identity is not None:  # (on a shared tier's index and bucket when the extra config names them)
+            with ChunkStore(data, identity, read_only=True, index_url=extra.get("index_url"),
+                            payloads=bucket_payloads(extra.get("object_store"))) as store:
                 found = store.num_chunks()
         if found >= count or time.monotonic() > deadline:
             return found
@@ -62,7 +64,7 @@ def main(model: str, data: str, plan_path: str) -> None:
     results = []
     for step in plan["steps"]:
         if "wait_chunks" in step:
-            results.append(wait_chunks(data, step["wait_chunks"]))
+            results.append(wait_chunks(data, step["wait_chunks"], extra))
             continue
         if "stats" in step:  # the CLI beside the engine, which holds the store for writing
             out = subprocess.run([sys.executable, "-m", "chunkstore", "stats", "--disk-path", data, "--json"],
