@@ -89,7 +89,7 @@ def plan(index: ChunkIndex, selection: EvictionSelection, *, generation: int,
 
 def _plan_key(index: ChunkIndex, selection: EvictionSelection, generation: int) -> EvictionPlan:
     max_chunks = selection.max_chunks
-    rows = index.subtree(selection.key, -1 if max_chunks is None else max_chunks + 1)
+    rows = index.subtree(selection.key, None if max_chunks is None else max_chunks + 1)
     if not rows:
         raise ChunkNotStoredError(f"no chunk {selection.key.hex()} on disk")
     if not selection.descendants and len(rows) > 1:

@@ -314,6 +314,7 @@ class ChunkIndex:
         self._server_written_at = 0.0  # when this server's row was last written (time.time())
         self._pruned_at = 0.0
         self._pending_lock = threading.Lock()
+        self._evictor = threading.local()  # .held: this thread holds evictor_lock (PostgreSQL)
         # The writer's quotas, read once per namespace: only set_quota changes them while this
         # process holds the store's writer lock (every put asks, per namespace).
         self._quotas: dict[str, int | None] = {}
@@ -421,7 +422,8 @@ class ChunkIndex:
             return int(conn.execute(stmt).scalar() or 0)
 
     def quota(self, namespace: str) -> int | None:
-        if self.read_only:  # another process may be the writer: always ask the file
+        # Another process may set it: a read-only store's writer, a shared tier's other servers.
+        if self.read_only or not self.is_sqlite:
             return self._read_quota(namespace)
         with self.write_lock:  # filled and changed only under it, so never from a stale read
             if namespace not in self._quotas:
@@ -538,10 +540,11 @@ class ChunkIndex:
                     out.setdefault(parent, []).append(child)
         return out
 
-    def subtree(self, key: bytes, limit: int) -> list[tuple[ChunkRow, int]]:
+    def subtree(self, key: bytes, limit: int | None = None) -> list[tuple[ChunkRow, int]]:
         """``key``'s row and the rows of every stored chunk that extends it, with their depth below
-        it (0 for ``key``), deepest first; at most ``limit`` rows (the deepest). Empty when ``key``
-        is not stored."""
+        it (0 for ``key``), deepest first; at most ``limit`` rows (the deepest; None: all). Empty
+        when ``key`` is not stored."""
+        # (no LIMIT clause for all of them: SQLite reads LIMIT -1 as none, PostgreSQL refuses it)
         sql = text(
             """WITH RECURSIVE sub(key, depth) AS (
                    SELECT key, 0 FROM chunks WHERE key = :key
@@ -549,10 +552,11 @@ class ChunkIndex:
                    SELECT c.key, sub.depth + 1 FROM chunks c JOIN sub ON c.parent_key = sub.key
                )
                SELECT c.*, sub.depth AS depth FROM sub JOIN chunks c ON c.key = sub.key
-               ORDER BY sub.depth DESC, c.key LIMIT :limit"""
+               ORDER BY sub.depth DESC, c.key""" + ("" if limit is None else " LIMIT :limit")
         )
+        params = {"key": key} if limit is None else {"key": key, "limit": limit}
         with self.engine.connect() as conn:
-            rows = conn.execute(sql, {"key": key, "limit": limit}).mappings().all()
+            rows = conn.execute(sql, params).mappings().all()
         out = []
         for r in rows:
             fields = {k: v for k, v in r.items() if k != "depth"}
@@ -617,6 +621,29 @@ class ChunkIndex:
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
         return n
+
+    def delete_unchanged(self, seen: dict[bytes, float], claim_for: tuple[str, float] | None = None) -> set[bytes]:
+        """Delete the rows of ``seen``'s keys that are still the ones seen (``created_at`` as
+        given): a row another writer committed since (the chunk evicted and stored again) stays.
+        With ``claim_for`` (writer, ttl_s) the deleted keys are claimed for that writer in the same
+        transaction (a quarantine: no writer uploads the key while its object moves). Returns the
+        keys whose rows went."""
+        gone: set[bytes] = set()
+        if not seen:
+            return gone
+        with self._writing() as conn:
+            for key, created_at in sorted(seen.items()):
+                stmt = (chunks.delete().where(chunks.c.key == key, chunks.c.created_at == created_at)
+                        .returning(chunks.c.key))
+                gone.update(bytes(k) for k in conn.execute(stmt).scalars())
+            if claim_for is not None and gone:
+                writer, ttl_s = claim_for
+                expires_at = time.time() + ttl_s
+                claim = self._insert(chunk_claims).values(
+                    [{"key": k, "writer": writer, "expires_at": expires_at} for k in sorted(gone)])
+                conn.execute(claim.on_conflict_do_update(index_elements=["key"],
+                                                         set_={"writer": writer, "expires_at": expires_at}))
+        return gone
 
     # -- publish claims (a shared tier: many writers, schema 0005) --------------------------
 
@@ -732,15 +759,23 @@ class ChunkIndex:
         """One evictor at a time across every writer of this index: on PostgreSQL a transaction-scoped
         advisory lock held on its own connection for the block (waiting at most ``timeout_s``, then
         sqlalchemy's OperationalError); on SQLite, whose index has one writer, nothing more than
-        ``write_lock``."""
+        ``write_lock``. Reentrant in a thread (a put holds it around its room check and its row
+        commit, and evicts inside). Take ``write_lock`` first when holding both."""
         if self.is_sqlite:
             with self.write_lock:
                 yield
             return
+        if getattr(self._evictor, "held", False):
+            yield
+            return
         with self.engine.connect() as conn, conn.begin():
             conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
-            yield
+            self._evictor.held = True
+            try:
+                yield
+            finally:
+                self._evictor.held = False
 
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:
         n = 0

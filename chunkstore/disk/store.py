@@ -432,9 +432,38 @@ class ChunkStore:
         except DBAPIError as exc:  # they lapse after claim_ttl_s
             self._writes.failed("claim release", exc, num_pages=0)
 
+    def _bounded(self, todo, written) -> bool:
+        """Whether a shared tier's batch must hold the evictor lock from its room check to its row
+        commit: a capacity or a namespace quota applies, and another server's put between the two
+        would take the room this one found (each would fit alone; both would not)."""
+        if not self.shared:
+            return False
+        if self.capacity_bytes is not None:
+            return True
+        return any(self._index.quota(ns) is not None for ns in {todo[k][0].namespace for k in written})
+
     def _publish_claimed(self, todo, written, result: PutResult) -> list[bytes]:
         """Evict to make room, upload, then commit the rows (payload first, then row); returns the
         keys committed. On failure nothing of the batch stays visible."""
+        try:
+            with self._index.evictor_lock() if self._bounded(todo, written) else contextlib.nullcontext():
+                return self._commit_within_room(todo, written, result)
+        except DBAPIError as exc:  # the quota lookup or the evictor lock: no row of it was committed
+            self._unpublish(todo, written, [k for k in written if k not in result.failed and k not in result.stored],
+                            result, "evictor lock", exc)
+            return [k for k in written if k in result.stored]
+
+    def _bounded(self, todo, written) -> bool:
+        """Whether a shared tier's batch must hold the evictor lock from its room check to its row
+        commit: a capacity or a namespace quota applies, and another server's put between the two
+        would take the room this one found (each would fit alone; both would not)."""
+        if not self.shared:
+            return False
+        if self.capacity_bytes is not None:
+            return True
+        return any(self._index.quota(ns) is not None for ns in {todo[k][0].namespace for k in written})
+
+    def _commit_within_room(self, todo, written, result: PutResult) -> list[bytes]:
         step, admitted = "index commit", list(written)
         try:
             admitted = self._make_room(todo, written, result)  # evicting writes the index too
@@ -460,19 +489,24 @@ class ChunkStore:
             else:
                 self._index.insert(rows)
         except (OSError, DBAPIError) as exc:
-            # Nothing of this batch may stay visible: no row was committed, so the payloads
-            # published (all new keys, checked under this lock, or claimed) are removed again.
-            for k in admitted:
-                self.payloads.discard(written[k][0])
-                with contextlib.suppress(PayloadsUnavailable):  # left without a row: invisible,
-                    self.payloads.delete(k)  # and an orphan for verify --repair or the sweeper
-                result.failed[k] = f"publish failed: {exc}"
-                self._index.count_event(todo[k][0].namespace, "write_errors")
-            self._writes.failed(step, exc, num_pages=len(admitted))
+            self._unpublish(todo, written, admitted, result, step, exc)
             return []
         result.stored.extend(admitted)
         self._writes.succeeded()
         return admitted
+
+    def _unpublish(self, todo, written, keys: Sequence[bytes], result: PutResult, step: str,
+                   exc: BaseException) -> None:
+        """Nothing of a failed batch may stay visible: no row of ``keys`` was committed, so their
+        payloads (all new keys, checked under the writer lock, or claimed) are removed again and
+        the pages failed."""
+        for k in keys:
+            self.payloads.discard(written[k][0])
+            with contextlib.suppress(PayloadsUnavailable):  # left without a row: invisible,
+                self.payloads.delete(k)  # and an orphan for verify --repair or the sweeper
+            result.failed[k] = f"publish failed: {exc}"
+            self._index.count_event(todo[k][0].namespace, "write_errors")
+        self._writes.failed(step, exc, num_pages=len(keys))
 
     def _make_room(self, todo, written, result: PutResult) -> list[bytes]:
         """Evict to fit the written pages under quotas and capacity; returns the keys that fit.
@@ -617,31 +651,55 @@ class ChunkStore:
             log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
             return False
         with self._index.write_lock:
-            check = self.verify_file(key, page, row=row)
-            if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
-                return False
+            moved = self._quarantine_shared(key, page, row) if self.shared else None
             if not self.shared:
+                check = self.verify_file(key, page, row=row)
+                if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
+                    return False
                 self._index.delete([key])
                 moved = self.payloads.quarantine(key)
-            else:  # claimed while it moves, so that no other writer uploads the key meanwhile
-                self._index.delete_claiming([key], self.writer_id, self.claim_ttl_s)
-                moved = self.payloads.quarantine(key)
-                self._release_claims([key])
         if moved is None:
             return False
         self._index.count_event(namespace, "quarantined")
         log.warning("quarantined chunk %s (%s) to %s", key.hex(), why, moved)
         return True
 
+    def _quarantine_shared(self, key: bytes, page: PageRef | None, row: ChunkRow | None) -> str | None:
+        """A shared tier's quarantine: the object is checked again under a claim of this writer's
+        (no other writer uploads the key while it moves), and only the row seen before the check
+        goes (a chunk another server stored again since keeps its new row); an object with no row
+        (an orphan) is claimed as a put would claim it. Returns where the object went, or None."""
+        seen = self._index.rows([key]).get(key)
+        if seen is None:
+            if key not in self._index.claim([key], self.writer_id, self.claim_ttl_s):
+                return None  # another writer's put, eviction or sweep holds it
+        try:
+            check = self.verify_file(key, page, row=row)
+            if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
+                return None
+            if seen is not None and not self._index.delete_unchanged({key: seen.created_at},
+                                                                     (self.writer_id, self.claim_ttl_s)):
+                return None
+            return self.payloads.quarantine(key)
+        finally:
+            self._release_claims([key])
+
     def _drop_missing(self, keys: Sequence[bytes]) -> int:
         """Drop the rows of keys whose file is gone, checked again under the writer lock (the
         chunk may have been stored again since the read found no file)."""
         with self._index.write_lock:
+            seen = self._index.rows(keys) if self.shared else {}
             try:
-                gone = [k for k in keys if not self.payloads.exists(k)]
+                gone = [k for k in keys if (not self.shared or k in seen) and not self.payloads.exists(k)]
             except PayloadsUnavailable:  # asked again on a later miss
                 return 0
-            return self._index.delete(gone) if gone else 0
+            if not gone:
+                return 0
+            if not self.shared:
+                return self._index.delete(gone)
+            # Only the rows seen before the look at their objects: a chunk another server stored
+            # again since keeps its new row.
+            return len(self._index.delete_unchanged({k: seen[k].created_at for k in gone}))
 
     # -- offline care (maintenance.py) -----------------------------------------------------
 
@@ -662,8 +720,19 @@ class ChunkStore:
         """Index chunk files that have no row (``rows`` made from their verified headers; the file
         is there first, as in a put); keys already indexed are left as they are. Returns how many
         rows were new. Not counted against the capacity until then (files without a row are
-        invisible)."""
-        return self._index.insert(rows)
+        invisible). On a shared tier under the publish protocol: a key another writer claims
+        (its put, an eviction, the sweeper) is left to it, and an object gone once claimed gets
+        no row."""
+        if not self.shared:
+            return self._index.insert(rows)
+        with self._index.write_lock:
+            mine = self._index.claim([r.key for r in rows], self.writer_id, self.claim_ttl_s)
+            try:
+                there = [r for r in rows if r.key in mine and self.payloads.exists(r.key)]
+                return len(self._index.insert_claimed(there, self.writer_id))
+            finally:
+                if mine:
+                    self._release_claims(list(mine))
 
     @_mutation
     def remove_leftover_temps(self) -> int:
