@@ -2,18 +2,21 @@
 file (api/history_schema.py), so they survive restarts.
 
 Invariants: rows are written only through the store's side-table transaction, under its writer
-lock (one writer, as every index write); each append also deletes the rows beyond the newest
-``max_rows``, so the table stays bounded; one sampler thread per app writes, every ``interval_s``;
-a sample that cannot be taken or written (no disk tier, read-only store, a rebuild in progress) is
-skipped, never retried late.
+lock (one writer, as every index write); every row carries the key of the server that wrote it
+(``server_key``), and a server reads and bounds only the rows of its own key: each append also
+deletes that key's rows beyond its newest ``max_rows``, so the table stays bounded and one server's
+trim never touches another's rows on a shared tier; one sampler thread per app writes, every
+``interval_s``; a sample that cannot be taken or written (no disk tier, read-only store, a rebuild
+in progress) is skipped, never retried late.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import Connection, delete, insert, select, update
 
 from chunkstore.disk.store import ChunkStore
 
@@ -49,26 +52,57 @@ def sample_of(snap: BackendSnapshot) -> dict[str, float | int | None]:
     return row
 
 
+def server_key(store: ChunkStore) -> str:
+    """This server's key in the stats history: '' for a store of its own (the rows written before
+    migration 0007 have it too); on a shared tier, where many servers write one index, the host
+    name and the store's folder. A restart keeps both (not the pid), so a server's history stays
+    continuous; two live servers never share one (each holds its folder's writer lock)."""
+    if not store.shared:
+        return ""
+    return f"{socket.gethostname()}:{store.root.resolve()}"
+
+
 class HistoryTable:
-    """Reads and bounded appends of ``stats_history`` in a store's index file."""
+    """Reads and bounded appends of ``stats_history`` in a store's index file, each server's own."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
+        self._adopted: set[str] = set()  # the keys that took over the rows written before migration 0007
 
     def append(self, store: ChunkStore, rows: list[dict]) -> None:
-        """Insert ``rows`` and drop all but the newest ``max_rows``. Takes the store's writer lock.
-        Raises ReadOnlyStoreError (a PermissionError) for a read-only store."""
+        """Insert ``rows`` under this server's key (a row that names its ``server``, as the rows that
+        ``read(every_server=True)`` returns, keeps it) and drop all but the newest ``max_rows`` of
+        each key written. On a shared tier the first append also adopts the rows written before
+        migration 0007 (key ''). Takes the store's writer lock. Raises ReadOnlyStoreError (a
+        PermissionError) for a read-only store."""
+        key = server_key(store)
         with store.write_side_tables() as conn:
             if not rows:
                 return
-            conn.execute(insert(stats_history), rows)
-            newest = conn.execute(select(func.max(stats_history.c.id))).scalar() or 0
-            conn.execute(delete(stats_history).where(stats_history.c.id <= newest - self.max_rows))
+            if key and key not in self._adopted:  # concurrent first samples: one server takes them
+                conn.execute(update(stats_history).where(stats_history.c.server == "").values(server=key))
+            conn.execute(insert(stats_history), [{"server": key, **row} for row in rows])
+            for written in sorted({row.get("server", key) for row in rows}):
+                self._trim(conn, written)
+        if key:
+            self._adopted.add(key)
+
+    def _trim(self, conn: Connection, key: str) -> None:
+        mine = stats_history.c.server == key
+        oldest_dropped = conn.execute(select(stats_history.c.id).where(mine).order_by(stats_history.c.id.desc())
+                                      .offset(self.max_rows).limit(1)).scalar()
+        if oldest_dropped is not None:
+            conn.execute(delete(stats_history).where(mine, stats_history.c.id <= oldest_dropped))
 
     def read(self, store: ChunkStore, *, since: float | None = None, until: float | None = None,
-             limit: int | None = None) -> list[dict]:
-        """Samples in time order: the newest ``limit`` of those taken in [since, until]."""
-        stmt = select(*(stats_history.c[name] for name in COLUMNS))
+             limit: int | None = None, every_server: bool = False) -> list[dict]:
+        """This server's samples in time order: the newest ``limit`` of those taken in [since,
+        until]. ``every_server``: every server's, each row with its ``server`` key (a rebuild
+        carries them over)."""
+        columns = (*COLUMNS, "server") if every_server else COLUMNS
+        stmt = select(*(stats_history.c[name] for name in columns))
+        if not every_server:
+            stmt = stmt.where(stats_history.c.server == server_key(store))
         if since is not None:
             stmt = stmt.where(stats_history.c.sampled_at >= since)
         if until is not None:

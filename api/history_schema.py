@@ -1,14 +1,14 @@
 """The stats history table: the management API's own table, kept in the store's index file.
 
 Invariants: the API alone reads and writes it (api/history.py, through ChunkStore's side-table
-connections), the disk tier never does; its migrations (alembic/versions/0002, 0003) are its own,
+connections), the disk tier never does; its migrations (alembic/versions/0002, 0003, 0007) are its own,
 in the index's one linear alembic history; these definitions match the newest of them
 (tests/test_schema.py compares them). Imports nothing but SQLAlchemy, so alembic's env.py can load it.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Table
+from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, String, Table
 
 # 64-bit on PostgreSQL (alembic 0004), as the disk tier's sizes; SQLite's INTEGER is 64-bit already.
 WideInteger = Integer().with_variant(BigInteger(), "postgresql")
@@ -17,7 +17,9 @@ metadata = MetaData()
 
 # One row per sample of the cache's figures (api/history.py writes and bounds it). Memory-tier and
 # lookup columns are NULL for an offline store. Counters are cumulative since ``uptime_s`` began,
-# so a restart shows as an uptime that went down.
+# so a restart shows as an uptime that went down. ``server`` (migration 0007) is the key of the server
+# that took the sample (api/history.py: '' for a store of its own): on a shared tier every server
+# writes, reads and trims only its own rows.
 STATS_HISTORY_FIGURES = (
     "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
     "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
@@ -36,5 +38,7 @@ stats_history = Table(
     Column("uptime_s", Float, nullable=False),
     *(Column(name, WideInteger, nullable=True) for name in STATS_HISTORY_FIGURES),
     *(Column(name, Float if name.endswith("_s") else WideInteger, nullable=True) for name in STATS_HISTORY_SERVING),
+    Column("server", String, nullable=False, server_default=""),
     Index("ix_stats_history_sampled_at", "sampled_at"),
+    Index("ix_stats_history_server_id", "server", "id"),
 )

@@ -169,8 +169,8 @@ class JobRunner:
             return report
 
     def _run_rebuild(self, job: Job):
-        with self.backend.using_store() as store:  # the history lives in the index: carry it over
-            kept = self.history.read(store)
+        with self.backend.using_store() as store:  # the history lives in the index: carry it over,
+            kept = self.history.read(store, every_server=True)  # every server's (a tier's rebuild drops them all)
         report = self.backend.rebuild(self._progress(job))
         try:
             with self.backend.using_store(write=True) as store:

@@ -4,6 +4,7 @@ holds none of the API's tables, and the usage triggers keep per-namespace totals
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from chunkstore.api.history_schema import metadata as api_metadata
@@ -88,3 +89,37 @@ def test_server_counters_add_up_per_server_and_old_rows_are_pruned(tmp_path):
     assert (counts["a"].hits, counts["a"].misses, counts["a"].published, counts["a"].dedup_hits) == (2, 1, 3, 0)
     assert (counts["b"].hits, counts["b"].dedup_hits) == (0, 4)
     assert counts["a"].first_seen_at <= counts["a"].last_seen_at and 1000.0 + SERVER_PRUNE_S < counts["a"].last_seen_at
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_migration_0007_keys_the_stats_history_by_server(tmp_path, request, dialect):
+    """Rows written before 0007 get the key '' (a store of its own keeps its whole history); the
+    index on (server, id) comes with it; the downgrade drops both again."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import inspect, insert, select
+
+    from chunkstore.api.history_schema import stats_history
+
+    url = f"sqlite:///{tmp_path / 'index.db'}" if dialect == "sqlite" else request.getfixturevalue("postgres_url")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations.script_location()))
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0006")
+            conn.execute(insert(stats_history).values(sampled_at=1.0, uptime_s=2.0))  # no server column yet
+            assert "server" not in {c["name"] for c in inspect(conn).get_columns("stats_history")}
+            assert migrations.upgrade(conn) == ("0006", migrations.head_revision())
+            assert conn.execute(select(stats_history.c.server, stats_history.c.sampled_at)).all() == [("", 1.0)]
+            indexes = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("stats_history")}
+            assert indexes["ix_stats_history_server_id"] == ["server", "id"]
+            command.downgrade(cfg, "0006")
+            inspector = inspect(conn)
+            assert "server" not in {c["name"] for c in inspector.get_columns("stats_history")}
+            assert "ix_stats_history_server_id" not in {i["name"] for i in inspector.get_indexes("stats_history")}
+            command.upgrade(cfg, "head")
+            assert migrations.current_revision(conn) == migrations.head_revision()
+    finally:
+        engine.dispose()

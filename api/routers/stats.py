@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from chunkstore.api.backend.base import BackendError
 from chunkstore.api.deps import BackendDep, GlobalReaderDep, ReaderDep, RuntimeDep, require_reader
 from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.history import server_key
 from chunkstore.api.schemas.stats import HistorySample, StatsHistory, StatsPublic
 
 router = APIRouter(prefix="/stats", tags=["stats"], dependencies=[Depends(require_reader)],
@@ -34,9 +35,9 @@ def get_history(
     try:
         with runtime.backend.using_store() as store:
             rows = runtime.history.read(store, since=since, until=until, limit=limit)
-            is_writable = not store.read_only
+            is_writable, server = not store.read_only, server_key(store)
     except BackendError:
-        rows, is_writable = [], False
+        rows, is_writable, server = [], False, ""
     return StatsHistory(interval_s=settings.history_interval_s, max_rows=settings.history_max_rows,
-                        is_recording=runtime.sampler.is_recording and is_writable,
+                        is_recording=runtime.sampler.is_recording and is_writable, server=server,
                         samples=[HistorySample(**r) for r in rows])

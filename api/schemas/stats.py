@@ -286,4 +286,6 @@ class StatsHistory(BaseModel):
     interval_s: float
     max_rows: int
     is_recording: bool = Field(description="False without a writable disk tier: nothing is being sampled")
+    server: str = Field("", description="the key of the server whose samples these are: '' for a store of its "
+                                        "own, on a shared tier its host name and store folder")
     samples: list[HistorySample]

@@ -150,7 +150,7 @@ def test_no_disk_tier(tmp_path):
             assert c.post("/clear", json={"tier": "all", "confirm": True}).json()["removed"] == \
                 {"device": 8 - evicted, "host": 8}
             assert c.get("/stats/history").json() == {"interval_s": 0.1, "max_rows": 17280, "is_recording": False,
-                                                       "samples": []}
+                                                       "server": "", "samples": []}
 
 
 def test_mount_inside_a_server(tmp_path, live_cache):
