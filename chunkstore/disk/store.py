@@ -432,16 +432,6 @@ class ChunkStore:
         except DBAPIError as exc:  # they lapse after claim_ttl_s
             self._writes.failed("claim release", exc, num_pages=0)
 
-    def _bounded(self, todo, written) -> bool:
-        """Whether a shared tier's batch must hold the evictor lock from its room check to its row
-        commit: a capacity or a namespace quota applies, and another server's put between the two
-        would take the room this one found (each would fit alone; both would not)."""
-        if not self.shared:
-            return False
-        if self.capacity_bytes is not None:
-            return True
-        return any(self._index.quota(ns) is not None for ns in {todo[k][0].namespace for k in written})
-
     def _publish_claimed(self, todo, written, result: PutResult) -> list[bytes]:
         """Evict to make room, upload, then commit the rows (payload first, then row); returns the
         keys committed. On failure nothing of the batch stays visible."""
