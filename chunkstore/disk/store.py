@@ -56,7 +56,7 @@ from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
 from chunkstore.disk.results import (STORE_WIDE, EvictResult, NamespaceStats, PutResult, ReadOnlyStoreError, StoreStats,
-                                     SharedTierStats, SweepResult, store_stats)
+                                     SharedTierStats, SweepResult, server_stats, store_stats)
 from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
                                           check_identity, make_private_once, read_identity, store_root,
                                           warn_if_not_private)
@@ -641,8 +641,9 @@ class ChunkStore:
             log.warning("chunk %s is corrupt (%s); read-only store, left in place", key.hex(), why)
             return False
         with self._index.write_lock:
-            moved = self._quarantine_shared(key, page, row) if self.shared else None
-            if not self.shared:
+            if self.shared:
+                moved = self._quarantine_shared(key, page, row)
+            else:
                 check = self.verify_file(key, page, row=row)
                 if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
                     return False
@@ -984,8 +985,6 @@ class ChunkStore:
                             self._writes.health())
         if not self.shared:
             return stats
-        from chunkstore.disk.results import server_stats
-
         claims, lapsed = self._index.claim_counts()
         servers = server_stats(self._index.server_counts(), self._index.server_name, time.time())
         shared = SharedTierStats(payload_store=self.payloads.shared_name, index=self._index.name,
