@@ -18,6 +18,8 @@ from chunkstore.disk.maintenance import check_file, evict_bytes, verify
 from chunkstore.disk.store import ChunkStore, StoreBusyError
 from chunkstore.testing import crash_soak as soak
 from chunkstore.testing.faults import FaultyPayloads
+from tests.helpers.races import (checked_read, guarded, lose_the_read_race, one_page, race_a_damaged_read, random_chain,
+                                 read_buffers, run_threads, store_again_meanwhile)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -26,16 +28,6 @@ RUN_S = 5.0
 
 def _open(path, **kw) -> ChunkStore:
     return ChunkStore(path, soak.SOAK_IDENTITY, durability=Durability.NONE, **kw)
-
-
-# (namespace, first page) subtrees of the soak key space.
-SUBTREES = [(ns, d) for ns in soak.NAMESPACES for d in range(soak.BRANCHING)]
-
-
-def _random_chain(rng: random.Random, subtrees=SUBTREES):
-    ns, first = rng.choice(subtrees)
-    rest = tuple(rng.randrange(soak.BRANCHING) for _ in range(rng.randint(0, soak.MAX_DEPTH - 1)))
-    return soak.chain_for(ns, (first, *rest))
 
 
 def test_writers_and_readers_on_the_same_keys(tmp_path):
@@ -49,15 +41,7 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
     counts = {"puts": 0, "stored": 0, "hits": 0, "misses": 0, "evictions": 0}
     lock = threading.Lock()
 
-    def guarded(fn):
-        def run(i: int) -> None:
-            try:
-                fn(i, random.Random(i))
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                errors.append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
-        return run
-
-    @guarded
+    @guarded(errors)
     def writer(i: int, rng: random.Random) -> None:
         while time.monotonic() < deadline:
             r = rng.random()
@@ -68,7 +52,7 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
                 with lock:
                     counts["evictions"] += n
             else:
-                pages = _random_chain(rng)
+                pages = random_chain(rng)
                 result = store.put(pages, [expected[p.key] for p in pages])
                 if result.failed:
                     raise AssertionError(f"put failed: {result.failed}")
@@ -76,32 +60,18 @@ def test_writers_and_readers_on_the_same_keys(tmp_path):
                     counts["puts"] += 1
                     counts["stored"] += len(result.stored)
 
-    @guarded
+    @guarded(errors)
     def reader(i: int, rng: random.Random) -> None:
-        outs = [soak.expected_page(b"\0" * 32) for _ in range(soak.MAX_DEPTH)]
+        outs = read_buffers()
         while time.monotonic() < deadline:
-            pages = _random_chain(rng)
-            if rng.random() < 0.5:
-                got = store.get(pages)
-            else:
-                hits = store.get_into(pages, outs[: len(pages)])
-                got = [o if h else None for o, h in zip(outs, hits)]
-            store.exists([p.key for p in pages])
-            store.longest_prefix([p.key for p in pages])
-            for p, t in zip(pages, got):
-                if t is not None and not soak.same_bytes(t, expected[p.key]):
-                    raise AssertionError(f"torn or mixed read of {p.key.hex()}")
+            got = checked_read(store, rng, expected, outs)
             with lock:
                 counts["hits"] += sum(t is not None for t in got)
                 counts["misses"] += sum(t is None for t in got)
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
-    threads += [threading.Thread(target=reader, args=(100 + i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=RUN_S + 120)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
+    threads = [threading.Thread(target=writer, args=(i, i)) for i in range(4)]
+    threads += [threading.Thread(target=reader, args=(100 + i, 100 + i)) for i in range(4)]
+    run_threads(threads, RUN_S + 120)
     assert errors == []
     assert counts["puts"] > 20 and counts["stored"] > 20 and counts["hits"] > 20 and counts["misses"] > 0
     assert counts["evictions"] > 0 or store.stats().evictions > 0
@@ -118,17 +88,6 @@ def _open_faulty(path, **kw) -> tuple[ChunkStore, FaultyPayloads]:
     return _open(path, payloads=payloads, **kw), payloads
 
 
-def _one_page(token: int):
-    page = soak.chain_for("default", (token,))[0]
-    return page, soak.expected_page(page.key)
-
-
-def _store_again_meanwhile(store, page, want) -> None:
-    """What a writer may do while a read is in flight: evict the chunk, then store it again."""
-    assert evict_bytes(store, 1).keys == (page.key,)
-    assert store.put([page], [want]).stored == [page.key]
-
-
 def _assert_kept(store, page, want) -> None:
     try:
         assert store.exists([page.key]) == [True]  # the chunk stored meanwhile stays
@@ -140,20 +99,11 @@ def _assert_kept(store, page, want) -> None:
 
 def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
     store, payloads = _open_faulty(tmp_path / "s", num_workers=2)
-    page, want = _one_page(0)
+    page, want = one_page(0)
     assert store.put([page], [want]).ok
-
-    raced = []
-
-    def read_losing_the_race(key, *_):
-        if key == page.key and not raced:
-            raced.append(key)
-            # Between this reader's index lookup and its open(): a writer evicts the chunk and
-            # stores it again. The open() failed in the gap, so the reader saw no file.
-            _store_again_meanwhile(store, page, want)
-            raise FileNotFoundError(key.hex())
-
-    payloads.hook("read", read_losing_the_race)
+    # Between this reader's index lookup and its open(): a writer evicts the chunk and stores it
+    # again. The open() fails in the gap, so the reader sees no file.
+    lose_the_read_race(payloads, page, lambda: store_again_meanwhile(store, page, want))
     assert store.get([page]) == [None]  # losing the race may cost this read
     payloads.clear()
     _assert_kept(store, page, want)
@@ -161,21 +111,12 @@ def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
 
 def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_path):
     store, payloads = _open_faulty(tmp_path / "s", num_workers=2)
-    page, want = _one_page(1)
+    page, want = one_page(1)
     assert store.put([page], [want]).ok
     path = payloads.inner.path_for(page.key)
     path.write_bytes(b"rot" + path.read_bytes()[3:])
-
-    raced = []
-
-    def read_then_race(read, key, max_size_bytes, buffer):
-        data = bytes(read(key, max_size_bytes, buffer))  # the corrupt file
-        if key == page.key and not raced:
-            raced.append(key)
-            _store_again_meanwhile(store, page, want)  # a writer replaces it meanwhile
-        return memoryview(data)
-
-    payloads.read_through(read_then_race)
+    # The reader reads the corrupt file; a writer replaces it meanwhile.
+    race_a_damaged_read(payloads, page, lambda: store_again_meanwhile(store, page, want))
     assert store.get([page]) == [None]
     payloads.clear()
     _assert_kept(store, page, want)
@@ -184,7 +125,7 @@ def test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk(tmp_pa
 def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
     # One pool thread: both temp writes run on it, one after the other.
     store, payloads = _open_faulty(tmp_path / "s", num_workers=1)
-    page, want = _one_page(2)
+    page, want = one_page(2)
     a_written, b_half_written, b_resume = threading.Event(), threading.Event(), threading.Event()
     results = {}
 

@@ -13,47 +13,26 @@ from pathlib import Path
 import pytest
 import torch
 
-from chunkstore import ChunkStore, chain_pages
-from chunkstore.disk.chunkfile import decode_header, encode_header, make_header
-from chunkstore.disk.codec import encode
-from chunkstore.disk.keys import PageRef, encode_tokens, page_key
+from chunkstore import ChunkStore
+from chunkstore.disk.keys import PageRef
 from chunkstore.disk.maintenance import verify
-from chunkstore.disk.page_io import max_payload_bytes, page_tensor_bytes
+from chunkstore.disk.page_io import max_payload_bytes
 from chunkstore.testing.tensors import same_bytes
-from tests.helpers import kv_pages
+from tests.helpers.corruption import (assert_quarantined_once, fill, forged_chunk, payload_offset, read_past_the_damage,
+                                      warnings_about)
 
 VICTIM = 3  # a page in the middle of the chain: corrupting it must not hide its neighbours
 
 
 @pytest.fixture
 def filled(store, identity):
-    pages = chain_pages(identity, list(range(identity.page_size * 6)))
-    tensors = kv_pages(identity, len(pages), seed=1)
-    assert store.put(pages, tensors).ok
-    other = chain_pages(identity, [7] * identity.page_size * 2, namespace="other")
-    assert store.put(other, kv_pages(identity, 2, seed=2)).ok
-    return store, pages, tensors
-
-
-def _payload_offset(data: bytes) -> int:
-    return decode_header(memoryview(data))[1]
+    return fill(store, identity)
 
 
 def _flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x10
     path.write_bytes(bytes(data))
-
-
-def _chunk_bytes(store: ChunkStore, key: bytes, parent: bytes, tokens: tuple[int, ...], namespace: str,
-                 tensor: torch.Tensor) -> bytes:
-    """A chunk file written exactly as the store writes one, but for whatever header fields we like."""
-    ident = store.identity
-    raw = page_tensor_bytes(tensor)
-    payload = encode(raw, ident.itemsize, store.codec)
-    header = make_header(key, parent, namespace, tokens, ident.kv_dtype, ident.page_shape, store.codec, raw,
-                         payload)
-    return encode_header(header) + b"".join(bytes(s) for s in payload.segments)
 
 
 # Each corruption gets (store, pages, tensors) and damages the file of pages[VICTIM].
@@ -63,7 +42,7 @@ Corruption = Callable[[ChunkStore, list[PageRef], list[torch.Tensor]], None]
 def _header_flip(at: Callable[[int], int]) -> Corruption:
     def corrupt(store, pages, tensors):
         path = store.payloads.path_for(pages[VICTIM].key)
-        _flip(path, at(_payload_offset(path.read_bytes())))
+        _flip(path, at(payload_offset(path.read_bytes())))
     return corrupt
 
 
@@ -71,7 +50,7 @@ def _payload_flip(fraction: float) -> Corruption:
     def corrupt(store, pages, tensors):
         path = store.payloads.path_for(pages[VICTIM].key)
         data = path.read_bytes()
-        start = _payload_offset(data)
+        start = payload_offset(data)
         _flip(path, min(len(data) - 1, start + int((len(data) - start) * fraction)))
     return corrupt
 
@@ -80,7 +59,7 @@ def _truncate(keep: Callable[[int, int], int]) -> Corruption:
     def corrupt(store, pages, tensors):
         path = store.payloads.path_for(pages[VICTIM].key)
         data = path.read_bytes()
-        path.write_bytes(data[: keep(len(data), _payload_offset(data))])
+        path.write_bytes(data[: keep(len(data), payload_offset(data))])
     return corrupt
 
 
@@ -91,20 +70,7 @@ def _swapped(store, pages, tensors):
 def _forged(field: str) -> Corruption:
     """A header that passes its own checksum but lies about the page."""
     def corrupt(store, pages, tensors):
-        v = pages[VICTIM]
-        other_parent = pages[0].key
-        other_tokens = tuple(t + 1 for t in v.token_ids)
-        key, parent, tokens, ns = v.key, v.parent_key, v.token_ids, v.namespace
-        if field == "tokens":  # the victim's key, other tokens
-            tokens = other_tokens
-        elif field == "parent":  # the victim's key, another parent
-            parent = other_parent
-        elif field == "namespace":  # right key, parent and tokens; another namespace
-            ns = "other"
-        elif field == "consistent":  # a fully consistent chunk of other tokens under another parent
-            parent, tokens = other_parent, other_tokens
-            key = page_key(parent, encode_tokens(tokens))
-        store.payloads.path_for(v.key).write_bytes(_chunk_bytes(store, key, parent, tokens, ns, tensors[VICTIM]))
+        store.payloads.path_for(pages[VICTIM].key).write_bytes(forged_chunk(store, pages, tensors, VICTIM, field))
     return corrupt
 
 
@@ -149,33 +115,16 @@ CORRUPTIONS: dict[str, Corruption] = {
 }
 
 
-def _warnings_about(caplog, key: bytes) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.levelno >= logging.WARNING and key.hex() in r.getMessage()]
-
-
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
 def test_corrupt_file_is_a_miss_and_quarantined(filled, kind, caplog):
     store, pages, tensors = filled
     victim = pages[VICTIM]
     CORRUPTIONS[kind](store, pages, tensors)
-    before = store.stats()
-    with caplog.at_level(logging.WARNING):
-        got = store.get(pages)
-        again = store.get([victim])  # now a plain miss: no second quarantine, no second warning
-    assert got[VICTIM] is None and again == [None]
-    for i, (t, want) in enumerate(zip(got, tensors)):
-        if i != VICTIM:
-            assert t is not None and same_bytes(t, want), f"page {i} lost with the corrupt one"
-    assert store.exists([victim.key]) == [False]
+    before = read_past_the_damage(store, pages, tensors, VICTIM, caplog, "corrupt")
     assert not store.payloads.path_for(victim.key).exists()
     moved = list(store.payloads.quarantine_dir.iterdir())
     assert [p.name.startswith(victim.key.hex()) for p in moved] == [True]
-    after = store.stats()
-    assert after.quarantined == before.quarantined + 1
-    assert after.num_chunks == before.num_chunks - 1
-    assert len(_warnings_about(caplog, victim.key)) == 1
-    # the prefix up to the hole is still served
-    assert store.longest_prefix([p.key for p in pages]) == VICTIM
+    assert_quarantined_once(store, pages, VICTIM, before, caplog)
 
 
 @pytest.mark.parametrize("kind", ["payload-middle", "swapped", "forged-other-key", "garbage"])
@@ -217,7 +166,7 @@ def test_verify_repair_quarantines(filled, kind, caplog):
     assert not store.payloads.path_for(victim.key).exists()
     assert [p.name.startswith(victim.key.hex()) for p in store.payloads.quarantine_dir.iterdir()] == [True]
     assert store.stats().quarantined == 1
-    assert len(_warnings_about(caplog, victim.key)) == 1
+    assert len(warnings_about(caplog, victim.key)) == 1
     got = store.get(pages)
     assert [t is None for t in got] == [i == VICTIM for i in range(len(pages))]
     clean = verify(store)
@@ -232,4 +181,4 @@ def test_read_only_store_leaves_the_corrupt_file_in_place(filled, tmp_path, capl
     assert got[VICTIM] is None
     assert store.payloads.path_for(pages[VICTIM].key).exists()
     assert list(store.payloads.quarantine_dir.iterdir()) == []
-    assert len(_warnings_about(caplog, pages[VICTIM].key)) == 1
+    assert len(warnings_about(caplog, pages[VICTIM].key)) == 1

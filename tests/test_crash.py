@@ -27,6 +27,8 @@ from chunkstore.testing import crash_soak as soak
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 def _open(path: Path) -> ChunkStore:
     return ChunkStore(path, soak.SOAK_IDENTITY, capacity_bytes=soak.DEFAULT_CAPACITY_BYTES,
@@ -109,20 +111,14 @@ def test_kill_during_first_migration(tmp_path):
     """A writer SIGKILLed while the first open creates the index: the next open must work."""
     path = tmp_path / "s"
     proc = _spawn("""
-        import os, signal, sys
-        import alembic.op
-        real_create_index = alembic.op.create_index
-        calls = []
-        def create_index_then_die(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 2:  # half way through revision 0001
-                os.kill(os.getpid(), signal.SIGKILL)
-            return real_create_index(*args, **kwargs)
-        alembic.op.create_index = create_index_then_die
+        import sys
+        sys.path.insert(0, sys.argv[2])  # the repository, for tests.helpers
+        from tests.helpers.crash import die_in_the_first_migration
+        die_in_the_first_migration()
         from chunkstore.testing import crash_soak as soak
         from chunkstore.disk.store import ChunkStore
         ChunkStore(sys.argv[1], soak.SOAK_IDENTITY)
-    """, str(path))
+    """, str(path), str(REPO_ROOT))
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL, err
     with _open(path) as store:

@@ -27,20 +27,24 @@ from hypothesis import strategies as st
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.cli import main
-from chunkstore.disk.chunkfile import decode_header, encode_header, make_header
-from chunkstore.disk.codec import Codec, encode
+from chunkstore.disk.codec import Codec
 from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, StrandedDescendantsError
 from chunkstore.disk.index import ChunkIndex, IndexMissingError, drop_index
-from chunkstore.disk.keys import PageRef, encode_tokens, page_key
+from chunkstore.disk.keys import PageRef
 from chunkstore.disk.maintenance import check_file, evict_bytes, rebuild, verify
-from chunkstore.disk.page_io import max_payload_bytes, page_tensor_bytes
+from chunkstore.disk.page_io import max_payload_bytes
 from chunkstore.disk.store import StoreBusyError
 from chunkstore.testing import crash_soak as soak
 from chunkstore.testing.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import TINY, kv_pages
+from tests.helpers.races import (checked_read, guarded, lose_the_read_race, one_page, race_a_damaged_read, random_chain,
+                                 read_buffers, run_threads, store_again_meanwhile)
 from tests.helpers.shared import Bucket, InsertGate, Servers, fresh_tier, hooked_index, set_access_times
-from tests.test_store_eviction import model_plan
+from tests.helpers.corruption import (assert_quarantined_once, fill, forged_chunk, payload_offset, read_past_the_damage,
+                                      warnings_about)
+from tests.helpers.eviction import (assert_plan_is_the_rule, check_a_stale_plan_is_planned_again, drawn_selection,
+                                    fill_branches, model_plan)
 
 VICTIM = 3  # a page in the middle of the chain: damaging it must not hide its neighbours
 
@@ -68,26 +72,7 @@ def store(servers) -> ChunkStore:
 @pytest.fixture
 def filled(store, identity):
     """Six pages of one chain and two of another namespace, stored on the tier."""
-    pages = chain_pages(identity, list(range(identity.page_size * 6)))
-    tensors = kv_pages(identity, len(pages), seed=1)
-    assert store.put(pages, tensors).ok
-    other = chain_pages(identity, [7] * identity.page_size * 2, namespace="other")
-    assert store.put(other, kv_pages(identity, 2, seed=2)).ok
-    return store, pages, tensors
-
-
-def _payload_offset(data: bytes) -> int:
-    return decode_header(memoryview(data))[1]
-
-
-def _chunk_bytes(store: ChunkStore, key: bytes, parent: bytes, tokens: tuple[int, ...], namespace: str,
-                 tensor: torch.Tensor) -> bytes:
-    """A chunk written exactly as the store writes one, but for whatever header fields we like."""
-    ident = store.identity
-    raw = page_tensor_bytes(tensor)
-    payload = encode(raw, ident.itemsize, store.codec)
-    header = make_header(key, parent, namespace, tokens, ident.kv_dtype, ident.page_shape, store.codec, raw, payload)
-    return encode_header(header) + b"".join(bytes(s) for s in payload.segments)
+    return fill(store, identity)
 
 
 # Each damage gets (bucket, store, pages, tensors) and replaces the object of pages[VICTIM].
@@ -111,7 +96,7 @@ def _flipped(at: Callable[[bytes], int]) -> Damage:
 
 def _in_payload(fraction: float) -> Callable[[bytes], int]:
     def at(data: bytes) -> int:
-        start = _payload_offset(data)
+        start = payload_offset(data)
         return min(len(data) - 1, start + int((len(data) - start) * fraction))
     return at
 
@@ -123,19 +108,7 @@ def _swapped(bucket, store, pages, tensors):
 def _forged(field: str) -> Damage:
     """A header that passes its own checksum but lies about the page."""
     def damage(bucket, store, pages, tensors):
-        v = pages[VICTIM]
-        other_tokens = tuple(t + 1 for t in v.token_ids)
-        key, parent, tokens, ns = v.key, v.parent_key, v.token_ids, v.namespace
-        if field == "tokens":  # the victim's key, other tokens
-            tokens = other_tokens
-        elif field == "parent":  # the victim's key, another parent
-            parent = pages[0].key
-        elif field == "namespace":  # right key, parent and tokens; another namespace
-            ns = "other"
-        elif field == "consistent":  # a fully consistent chunk of other tokens under another parent
-            parent, tokens = pages[0].key, other_tokens
-            key = page_key(parent, encode_tokens(tokens))
-        bucket.write(v.key, _chunk_bytes(store, key, parent, tokens, ns, tensors[VICTIM]))
+        bucket.write(pages[VICTIM].key, forged_chunk(store, pages, tensors, VICTIM, field))
     return damage
 
 
@@ -154,13 +127,13 @@ DAMAGES: dict[str, Damage] = {
     "header-version": _flipped(lambda data: 8),
     "header-length": _flipped(lambda data: 10),
     "header-key": _flipped(lambda data: 20),
-    "header-tokens": _flipped(lambda data: _payload_offset(data) - 60),
-    "header-checksum": _flipped(lambda data: _payload_offset(data) - 1),
+    "header-tokens": _flipped(lambda data: payload_offset(data) - 60),
+    "header-checksum": _flipped(lambda data: payload_offset(data) - 1),
     "payload-first": _flipped(_in_payload(0.0)),
     "payload-middle": _flipped(_in_payload(0.5)),
     "payload-last": _flipped(_in_payload(1.0)),
     "truncated-by-one": _rewritten(lambda data: data[:-1]),
-    "truncated-at-header": _rewritten(lambda data: data[:_payload_offset(data)]),
+    "truncated-at-header": _rewritten(lambda data: data[:payload_offset(data)]),
     "truncated-in-header": _rewritten(lambda data: data[:10]),
     "empty": _rewritten(lambda data: b""),
     "swapped": _swapped,
@@ -174,32 +147,16 @@ DAMAGES: dict[str, Damage] = {
 }
 
 
-def _warnings_about(caplog, key: bytes) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.levelno >= logging.WARNING and key.hex() in r.getMessage()]
-
-
 @pytest.mark.parametrize("kind", list(DAMAGES))
 def test_a_damaged_object_is_a_miss_and_quarantined_in_the_bucket_once(filled, bucket, kind, caplog):
     """test_corruption.py::test_corrupt_file_is_a_miss_and_quarantined, for every kind of damage."""
     store, pages, tensors = filled
     victim = pages[VICTIM]
     DAMAGES[kind](bucket, store, pages, tensors)
-    before = store.stats()
-    with caplog.at_level(logging.WARNING):
-        got = store.get(pages)
-        again = store.get([victim])  # now a plain miss: no second quarantine, no second warning
-    assert got[VICTIM] is None and again == [None]
-    for i, (t, want) in enumerate(zip(got, tensors)):
-        if i != VICTIM:
-            assert t is not None and same_bytes(t, want), f"page {i} lost with the damaged one"
-    assert store.exists([victim.key]) == [False]
+    before = read_past_the_damage(store, pages, tensors, VICTIM, caplog)
     assert victim.key not in bucket.keys() and not store.payloads.exists(victim.key)
     assert [n.startswith(victim.key.hex()) for n in bucket.quarantined()] == [True]
-    after = store.stats()
-    assert after.quarantined == before.quarantined + 1
-    assert after.num_chunks == before.num_chunks - 1
-    assert len(_warnings_about(caplog, victim.key)) == 1
-    assert store.longest_prefix([p.key for p in pages]) == VICTIM  # the prefix up to the hole is served
+    assert_quarantined_once(store, pages, VICTIM, before, caplog)
     assert store.lapsed_claims(now=time.time() + 3600) == []  # the quarantine's claim was released
 
 
@@ -237,7 +194,7 @@ def test_verify_reports_a_damaged_object_changing_nothing_and_repair_quarantines
     assert store.exists([victim.key]) == [False] and victim.key not in bucket.keys()
     assert [n.startswith(victim.key.hex()) for n in bucket.quarantined()] == [True]
     assert store.stats().quarantined == 1
-    assert len(_warnings_about(caplog, victim.key)) == 1
+    assert len(warnings_about(caplog, victim.key)) == 1
     got = store.get(pages)
     assert [t is None for t in got] == [i == VICTIM for i in range(len(pages))]
     clean = verify(store)
@@ -254,7 +211,7 @@ def test_a_read_only_store_leaves_the_damaged_object_in_place(filled, bucket, se
     assert got[VICTIM] is None
     assert pages[VICTIM].key in bucket.keys() and bucket.quarantined() == []
     assert store.exists([pages[VICTIM].key]) == [True]
-    assert len(_warnings_about(caplog, pages[VICTIM].key)) == 1
+    assert len(warnings_about(caplog, pages[VICTIM].key)) == 1
 
 
 def test_a_damaged_object_found_by_another_server_is_quarantined_for_the_whole_tier(filled, bucket, servers):
@@ -423,15 +380,7 @@ def test_a_row_without_its_object_is_reported_then_dropped(saved, servers, bucke
 
 # -- concurrency (tests/test_concurrency.py, across servers) ----------------------------------
 
-# (namespace, first page) subtrees of the soak key space.
-SUBTREES = [(ns, d) for ns in soak.NAMESPACES for d in range(soak.BRANCHING)]
 WRITER_STEPS, READER_STEPS = 30, 40
-
-
-def _random_chain(rng: random.Random) -> list[PageRef]:
-    ns, first = rng.choice(SUBTREES)
-    rest = tuple(rng.randrange(soak.BRANCHING) for _ in range(rng.randint(0, soak.MAX_DEPTH - 1)))
-    return soak.chain_for(ns, (first, *rest))
 
 
 def test_writers_and_readers_on_two_servers_see_whole_pages_only(tmp_path, postgres_url, bucket):
@@ -449,15 +398,7 @@ def test_writers_and_readers_on_two_servers_see_whole_pages_only(tmp_path, postg
         counts = {"stored": 0, "no_room": 0, "hits": 0, "misses": 0, "evicted": 0}
         lock = threading.Lock()
 
-        def guarded(fn):
-            def run(store: ChunkStore, seed: int) -> None:
-                try:
-                    fn(store, random.Random(seed))
-                except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                    errors.append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
-            return run
-
-        @guarded
+        @guarded(errors)
         def writer(store: ChunkStore, rng: random.Random) -> None:
             for _ in range(WRITER_STEPS):
                 r = rng.random()
@@ -468,7 +409,7 @@ def test_writers_and_readers_on_two_servers_see_whole_pages_only(tmp_path, postg
                     with lock:
                         counts["evicted"] += n
                 else:
-                    pages = _random_chain(rng)
+                    pages = random_chain(rng)
                     result = store.put(pages, [expected[p.key] for p in pages])
                     # A page may find no room while the other server's rows fill the tier (both
                     # made room before either committed); any other failure is a bug.
@@ -478,32 +419,18 @@ def test_writers_and_readers_on_two_servers_see_whole_pages_only(tmp_path, postg
                         counts["stored"] += len(result.stored)
                         counts["no_room"] += len(result.failed)
 
-        @guarded
+        @guarded(errors)
         def reader(store: ChunkStore, rng: random.Random) -> None:
-            outs = [soak.expected_page(b"\0" * 32) for _ in range(soak.MAX_DEPTH)]
+            outs = read_buffers()
             for _ in range(READER_STEPS):
-                pages = _random_chain(rng)
-                if rng.random() < 0.5:
-                    got = store.get(pages)
-                else:
-                    hits = store.get_into(pages, outs[: len(pages)])
-                    got = [o if h else None for o, h in zip(outs, hits)]
-                store.exists([p.key for p in pages])
-                store.longest_prefix([p.key for p in pages])
-                for p, t in zip(pages, got):
-                    if t is not None and not soak.same_bytes(t, expected[p.key]):
-                        raise AssertionError(f"torn or mixed read of {p.key.hex()}")
+                got = checked_read(store, rng, expected, outs)
                 with lock:
                     counts["hits"] += sum(t is not None for t in got)
                     counts["misses"] += sum(t is None for t in got)
 
         threads = [threading.Thread(target=writer, args=(a, 1)), threading.Thread(target=writer, args=(b, 2)),
                    threading.Thread(target=reader, args=(a, 101)), threading.Thread(target=reader, args=(b, 102))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=240)
-        assert not any(t.is_alive() for t in threads), "a thread hung"
+        run_threads(threads, 240)
         assert errors == []
         assert counts["stored"] > 0 and counts["hits"] + counts["misses"] > 0
         report = verify(a)
@@ -515,17 +442,6 @@ def test_writers_and_readers_on_two_servers_see_whole_pages_only(tmp_path, postg
             assert soak.check_store(again) == []
     finally:
         servers.close()
-
-
-def _one_page(token: int) -> tuple[PageRef, torch.Tensor]:
-    page = soak.chain_for("default", (token,))[0]
-    return page, soak.expected_page(page.key)
-
-
-def _store_again_meanwhile(store: ChunkStore, page: PageRef, want: torch.Tensor) -> None:
-    """What a writer may do while a read is in flight: evict the chunk, then store it again."""
-    assert evict_bytes(store, 1).keys == (page.key,)
-    assert store.put([page], [want]).stored == [page.key]
 
 
 @pytest.fixture
@@ -546,19 +462,11 @@ def test_a_read_racing_evict_and_restore_keeps_the_restored_chunk(soak_servers, 
     """test_concurrency.py::test_a_read_racing_evict_and_restore_keeps_the_restored_chunk, with the
     eviction and the put again on this server or on another one of the tier."""
     reader, payloads, other = _reader_and_restorer(soak_servers, restorer)
-    page, want = _one_page(0)
+    page, want = one_page(0)
     assert reader.put([page], [want]).ok
-    raced = []
-
-    def read_losing_the_race(key, *_):
-        if key == page.key and not raced:
-            raced.append(key)
-            # Between this reader's index lookup and its GET: a writer evicts the chunk and stores
-            # it again. The GET failed in the gap, so the reader saw no object.
-            _store_again_meanwhile(other, page, want)
-            raise FileNotFoundError(key.hex())
-
-    payloads.hook("read", read_losing_the_race)
+    # Between this reader's index lookup and its GET: a writer evicts the chunk and stores it
+    # again. The GET fails in the gap, so the reader sees no object.
+    lose_the_read_race(payloads, page, lambda: store_again_meanwhile(other, page, want))
     assert reader.get([page]) == [None]  # losing the race may cost this read
     payloads.clear()
     assert reader.exists([page.key]) == [True]  # the chunk stored meanwhile stays
@@ -571,19 +479,11 @@ def test_a_damaged_read_racing_evict_and_restore_keeps_the_restored_chunk(soak_s
     """test_concurrency.py::test_a_corrupt_read_racing_evict_and_restore_keeps_the_restored_chunk:
     the reader's quarantine looks again and leaves the good object stored meanwhile."""
     reader, payloads, other = _reader_and_restorer(soak_servers, restorer)
-    page, want = _one_page(1)
+    page, want = one_page(1)
     assert reader.put([page], [want]).ok
     bucket.write(page.key, b"rot" + bucket.read(page.key)[3:])
-    raced = []
-
-    def read_then_race(read, key, max_size_bytes, buffer):
-        data = bytes(read(key, max_size_bytes, buffer))  # the damaged object
-        if key == page.key and not raced:
-            raced.append(key)
-            _store_again_meanwhile(other, page, want)  # a writer replaces it meanwhile
-        return memoryview(data)
-
-    payloads.read_through(read_then_race)
+    # The reader reads the damaged object; a writer replaces it meanwhile.
+    race_a_damaged_read(payloads, page, lambda: store_again_meanwhile(other, page, want))
     assert reader.get([page]) == [None]
     payloads.clear()
     assert reader.exists([page.key]) == [True] and bucket.quarantined() == []
@@ -596,7 +496,7 @@ def test_two_puts_of_one_key_on_one_server_store_it_once(soak_servers, bucket):
     skips it (a duplicate); the first commits it; neither fails and the object verifies."""
     payloads = FaultyPayloads(bucket.payloads())
     store = soak_servers.open("a", payloads=payloads, num_workers=2)
-    page, want = _one_page(2)
+    page, want = one_page(2)
     uploading, resume = threading.Event(), threading.Event()
     results = {}
 
@@ -627,7 +527,7 @@ def test_one_writer_per_folder_and_many_on_the_tier(soak_servers):
     first = soak_servers.open("a")
     with pytest.raises(StoreBusyError):
         soak_servers.open("a")
-    page, want = _one_page(0)
+    page, want = one_page(0)
     beside = soak_servers.open("b")
     assert beside.put([page], [want]).stored == [page.key]
     assert first.exists([page.key]) == [True]
@@ -643,19 +543,7 @@ P = TINY.page_size
 def build_shared(servers: Servers, seed: int) -> ChunkStore:
     """test_store_eviction.py's build on a shared tier: branching prefixes in two namespaces, each
     chunk with its own access time, one pinned."""
-    rng = random.Random(seed)
-    store = servers.open("a")
-    keys = []
-    for branch in range(6):
-        ns = "a" if branch % 2 else "b"
-        tokens = list(range(P * 2)) + [10_000 * (branch + 1) + i for i in range(P * rng.randint(1, 3))]
-        pages = chain_pages(TINY, tokens, ns)
-        store.put(pages, kv_pages(TINY, len(pages), seed=branch))
-        keys += [p.key for p in pages]
-    keys = list(dict.fromkeys(keys))
-    set_access_times(servers.index_url, {key: 2e9 + i for i, key in enumerate(rng.sample(keys, len(keys)))})
-    store.pin([keys[rng.randrange(len(keys))]])
-    return store
+    return fill_branches(servers.open("a"), seed, lambda times: set_access_times(servers.index_url, times))
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -668,16 +556,8 @@ def test_a_plan_is_what_the_rule_takes_and_changes_nothing(tmp_path_factory, pos
     with fresh_tier(tmp_path_factory.mktemp("tier"), TINY, postgres_server, moto_s3) as servers:
         store = build_shared(servers, seed)
         rows = {r.key: r for r in store.iter_rows()}
-        if by_age:
-            times = sorted(r.last_access_at for r in rows.values())
-            selection = EvictionSelection(namespace=ns, accessed_before=times[int(share * (len(times) - 1))],
-                                          max_chunks=max_chunks)
-        else:
-            selection = EvictionSelection(namespace=ns, bytes_to_free=int(share * store.stored_bytes(ns)),
-                                          max_chunks=max_chunks)
-        plan = store.plan_eviction(selection)
-        assert list(plan.keys) == model_plan(rows, selection)
-        assert {r.key: r for r in store.iter_rows()} == rows  # a plan changes nothing
+        selection = drawn_selection(store, rows, share, ns, max_chunks, by_age)
+        plan = assert_plan_is_the_rule(store, rows, selection)
         done = store.evict(plan)
         assert done.keys == plan.keys  # nothing changed in between: the plan's keys
         assert not any(store.exists(list(plan.keys)))
@@ -689,20 +569,7 @@ def test_a_plan_is_what_the_rule_takes_and_changes_nothing(tmp_path_factory, pos
 def test_a_plan_made_stale_by_another_server_is_made_again_under_the_evictor_lock(servers):
     """test_store_eviction.py::test_a_stale_plan_is_made_again_under_the_writer_lock, with the
     changes made by another server (which the planner's own write generation never sees)."""
-    pages = chain_pages(TINY, list(range(P * 4)))
-    a, b = servers.open("a"), servers.open("b")
-    a.put(pages[:3], kv_pages(TINY, 3))
-    plan = a.plan_eviction(EvictionSelection(bytes_to_free=1))
-    assert plan.keys == (pages[2].key,)
-    b.put(pages[3:], kv_pages(TINY, 1, seed=4))  # the planned leaf is a parent now
-    done = a.evict(plan)
-    assert done.keys == (pages[3].key,)  # never the parent: no hole
-    assert b.longest_prefix([p.key for p in pages]) == 3
-    b.pin([pages[2].key])
-    plan = a.plan_eviction(EvictionSelection(bytes_to_free=1))
-    assert plan.keys == ()
-    b.unpin([pages[2].key])
-    assert a.evict(plan).keys == (pages[2].key,)  # the unpin on b changed the tier: planned again
+    check_a_stale_plan_is_planned_again(servers.open("a"), servers.open("b"))
 
 
 ALL = 1000  # a max_chunks over every chunk of these tests (see the LIMIT test below)
@@ -920,8 +787,7 @@ def test_a_chunk_another_server_stores_again_while_a_read_drops_it_stays(servers
     def store_again(keys):  # the reader has looked at the object; its row delete is next
         if page.key in keys and not restored:
             restored.append(True)
-            assert evict_bytes(restorer, 1).keys == (page.key,)  # the bad chunk goes...
-            assert restorer.put([page], [want]).stored == [page.key]  # ...and comes back whole
+            store_again_meanwhile(restorer, page, want)  # the bad chunk goes and comes back whole
 
     reader = servers.open("a", index_factory=hooked_index({"delete": store_again}))
     assert restorer.put([page], [want]).ok

@@ -6,72 +6,29 @@ takes the same order (tests/test_store.py)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, StrandedDescendantsError
-from chunkstore.disk.index import ChunkIndex, ChunkRow, sqlite_url
+from chunkstore.disk.index import sqlite_url
 from chunkstore.disk.maintenance import evict_bytes
-from tests.helpers import TINY, kv_pages
+from tests.helpers import TINY, eviction, kv_pages
+from tests.helpers.eviction import (assert_plan_is_the_rule, check_a_stale_plan_is_planned_again, drawn_selection,
+                                    fill_branches, model_plan)
 
 P = TINY.page_size
 
 
 def set_access_times(root, times: dict[bytes, float]) -> None:
     """Give chunks distinct access times through an index of the test's own on the store's file."""
-    index = ChunkIndex(sqlite_url(root))
-    try:
-        for key, t in times.items():
-            index.touch([key], now=t)
-        index.flush()
-    finally:
-        index.close()
+    eviction.set_access_times(sqlite_url(root), times)
 
 
 def build(root, seed: int) -> ChunkStore:
     """Branching prefixes in two namespaces, each chunk with its own access time, one pinned."""
-    rng = random.Random(seed)
-    store = ChunkStore(root, TINY)
-    keys = []
-    for branch in range(6):
-        ns = "a" if branch % 2 else "b"
-        shared = list(range(P * 2))
-        tokens = shared + [10_000 * (branch + 1) + i for i in range(P * rng.randint(1, 3))]
-        pages = chain_pages(TINY, tokens, ns)
-        store.put(pages, kv_pages(TINY, len(pages), seed=branch))
-        keys += [p.key for p in pages]
-    keys = list(dict.fromkeys(keys))
-    set_access_times(root, {key: 2e9 + i for i, key in enumerate(rng.sample(keys, len(keys)))})
-    store.pin([keys[rng.randrange(len(keys))]])
-    return store
-
-
-def model_plan(rows: dict[bytes, ChunkRow], selection: EvictionSelection) -> list[bytes]:
-    """The rule, written out plainly: take the least recently used unpinned chunk that no remaining
-    chunk extends, again and again, until the selection is satisfied."""
-    left = dict(rows)
-    taken: list[bytes] = []
-    freed = 0
-    while True:
-        parents = {r.parent_key for r in left.values()}
-        leaves = [r for k, r in left.items() if k not in parents and not r.pinned
-                  and (selection.namespace is None or r.namespace == selection.namespace)]
-        if not leaves:
-            return taken
-        if selection.bytes_to_free is not None and freed >= selection.bytes_to_free:
-            return taken
-        first = min(leaves, key=lambda r: (r.last_access_at, r.key))
-        if selection.accessed_before is not None and first.last_access_at >= selection.accessed_before:
-            return taken
-        if selection.max_chunks is not None and len(taken) >= selection.max_chunks:
-            return taken
-        taken.append(first.key)
-        freed += first.stored_bytes
-        del left[first.key]
+    return fill_branches(ChunkStore(root, TINY), seed, lambda times: set_access_times(root, times))
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -81,16 +38,8 @@ def test_a_plan_is_what_the_rule_takes_and_changes_nothing(tmp_path_factory, see
     store = build(tmp_path_factory.mktemp("s"), seed)
     try:
         rows = {r.key: r for r in store.iter_rows()}
-        if by_age:
-            times = sorted(r.last_access_at for r in rows.values())
-            selection = EvictionSelection(namespace=ns, accessed_before=times[int(share * (len(times) - 1))],
-                                          max_chunks=max_chunks)
-        else:
-            selection = EvictionSelection(namespace=ns, bytes_to_free=int(share * store.stored_bytes(ns)),
-                                          max_chunks=max_chunks)
-        plan = store.plan_eviction(selection)
-        assert list(plan.keys) == model_plan(rows, selection)
-        assert {r.key: r for r in store.iter_rows()} == rows  # a plan changes nothing
+        selection = drawn_selection(store, rows, share, ns, max_chunks, by_age)
+        plan = assert_plan_is_the_rule(store, rows, selection)
         done = store.evict(plan)
         assert done is plan  # nothing changed in between: exactly the plan
         assert not any(store.exists(list(plan.keys)))
@@ -101,20 +50,8 @@ def test_a_plan_is_what_the_rule_takes_and_changes_nothing(tmp_path_factory, see
 
 
 def test_a_stale_plan_is_made_again_under_the_writer_lock(tmp_path):
-    pages = chain_pages(TINY, list(range(P * 4)))
     with ChunkStore(tmp_path / "s", TINY) as store:
-        store.put(pages[:3], kv_pages(TINY, 3))
-        plan = store.plan_eviction(EvictionSelection(bytes_to_free=1))
-        assert plan.keys == (pages[2].key,)
-        store.put(pages[3:], kv_pages(TINY, 1, seed=4))  # the planned leaf is a parent now
-        done = store.evict(plan)
-        assert done.keys == (pages[3].key,)  # never the parent: no hole
-        assert store.longest_prefix([p.key for p in pages]) == 3
-        store.pin([pages[2].key])
-        plan = store.plan_eviction(EvictionSelection(bytes_to_free=1))
-        assert plan.keys == ()
-        store.unpin([pages[2].key])
-        assert store.evict(plan).keys == (pages[2].key,)  # the unpin changed the store: planned again
+        check_a_stale_plan_is_planned_again(store, store)
 
 
 def test_key_selection_keeps_pinned_chunks_and_their_ancestors(tmp_path):

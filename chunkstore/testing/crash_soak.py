@@ -127,30 +127,38 @@ def run_writer(disk_path: str | os.PathLike, seed: int, *, capacity_bytes: int =
     with ChunkStore(disk_path, SOAK_IDENTITY, capacity_bytes=capacity_bytes, durability=durability,
                     num_workers=2) as store:
         _say("open")
-        for step in itertools.islice(plan(seed), max_steps):
-            line: dict = {"step": step.index, "op": step.op.value}
-            if step.op is StepOp.PUT:
-                pages = chain_for(step.namespace, step.digits)
-                result = store.put(pages, [expected_page(p.key) for p in pages])
-                line["stored"] = [k.hex() for k in result.stored]
-                line["failed"] = len(result.failed)
-            elif step.op is StepOp.GET:
-                pages = chain_for(step.namespace, step.digits)
-                got = store.get(pages)
-                for p, t in zip(pages, got):
-                    if t is not None and not same_bytes(t, expected_page(p.key)):
-                        print(f"wrong bytes read for {p.key.hex()}", file=sys.stderr)
-                        return 3
-                line["hits"] = sum(t is not None for t in got)
-            elif step.op is StepOp.EVICT:
-                from chunkstore.disk.maintenance import (
-                    evict_bytes,  # one-way cycle, as in the checks below
-                )
+        return run_steps(store, seed, max_steps=max_steps, say=_say)
 
-                line["evicted"] = evict_bytes(store, step.evict_bytes).num_chunks
-            else:
-                line["deleted"] = store.delete_namespace(step.namespace).num_chunks
-            _say(json.dumps(line))
+
+def run_steps(store: ChunkStore, seed: int, *, max_steps: int | None = None,
+              say: Callable[[str], None] = _say) -> int:
+    """The writer's loop on an open ``store``: the steps of ``plan(seed)``, ``say``-ing one JSON
+    line per committed step, until killed (or ``max_steps``). Returns 3 if a read returned wrong
+    bytes, else 0."""
+    for step in itertools.islice(plan(seed), max_steps):
+        line: dict = {"step": step.index, "op": step.op.value}
+        if step.op is StepOp.PUT:
+            pages = chain_for(step.namespace, step.digits)
+            result = store.put(pages, [expected_page(p.key) for p in pages])
+            line["stored"] = [k.hex() for k in result.stored]
+            line["failed"] = len(result.failed)
+        elif step.op is StepOp.GET:
+            pages = chain_for(step.namespace, step.digits)
+            got = store.get(pages)
+            for p, t in zip(pages, got):
+                if t is not None and not same_bytes(t, expected_page(p.key)):
+                    print(f"wrong bytes read for {p.key.hex()}", file=sys.stderr)
+                    return 3
+            line["hits"] = sum(t is not None for t in got)
+        elif step.op is StepOp.EVICT:
+            from chunkstore.disk.maintenance import (
+                evict_bytes,  # one-way cycle, as in the checks below
+            )
+
+            line["evicted"] = evict_bytes(store, step.evict_bytes).num_chunks
+        else:
+            line["deleted"] = store.delete_namespace(step.namespace).num_chunks
+        say(json.dumps(line))
     return 0
 
 
@@ -296,6 +304,13 @@ class _ForkServer:
 def serve_forks() -> int:
     """Read one JSON request a line from stdin; fork a writer for each, reply 'pid N', reap it,
     reply 'exit CODE'. Only imports happen here before forking: no threads, no torch work."""
+    return serve_fork_requests(lambda req: main(["writer", *req["argv"]]))
+
+
+def serve_fork_requests(run_child: Callable[[dict], int]) -> int:
+    """The fork server's loop: read one JSON request a line from stdin ({"stdout", "stderr", and
+    what ``run_child`` reads}); fork a child that runs ``run_child(request)`` with its output in
+    those files and exits with its code; reply 'pid N', reap it, reply 'exit CODE'."""
     for line in sys.stdin:
         req = json.loads(line)
         sys.stdout.flush()
@@ -308,7 +323,7 @@ def serve_forks() -> int:
                     f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                     os.dup2(f, fd)
                     os.close(f)
-                code = main(["writer", *req["argv"]])
+                code = run_child(req)
             except BaseException:  # noqa: BLE001 - the child must never return into the server loop
                 traceback.print_exc()
             finally:
@@ -321,7 +336,8 @@ def serve_forks() -> int:
     return 0
 
 
-def _reported_steps(lines: list[str]) -> list[dict]:
+def reported_steps(lines: list[str]) -> list[dict]:
+    """The JSON step lines of a writer's output (a line cut by the kill is left out)."""
     steps = []
     for line in lines:
         if line.startswith("{"):
@@ -332,7 +348,7 @@ def _reported_steps(lines: list[str]) -> list[dict]:
     return steps
 
 
-def _must_survive(seed: int, steps: list[dict]) -> set[bytes]:
+def surviving_pages(seed: int, steps: list[dict]) -> set[bytes]:
     """Pages stored by the last reported put that no later step can have removed.
 
     Steps after that put: the ones reported since (gets, evictions, namespace deletes: a put
@@ -436,7 +452,7 @@ def run_crash_cycles(disk_path: str | os.PathLike, cycles: int, rng_seed: int, p
                 seed = rng.getrandbits(32)
                 delay = 0.0 if rng.random() < 0.2 else rng.uniform(0.002, max_delay_s)
                 kill = spawner.kill_after(_writer_argv(disk_path, seed, capacity_bytes, durability), seed, delay)
-                steps = _reported_steps(kill.lines)
+                steps = reported_steps(kill.lines)
                 report.cycles += 1
                 report.steps_committed += len(steps)
                 report.kills_at_start += "open" not in kill.lines
@@ -453,7 +469,7 @@ def run_crash_cycles(disk_path: str | os.PathLike, cycles: int, rng_seed: int, p
                         report.failures.append(f"{tag}: the store no longer opens: {type(exc).__name__}: {exc}")
                         break
                     with store:
-                        survivors = _must_survive(seed, steps)
+                        survivors = surviving_pages(seed, steps)
                         report.failures.extend(f"{tag}: {p}" for p in check_store(store, report, survivors))
                         if repair_every and (cycle + 1) % repair_every == 0:
                             rep = verify(store, repair=True)

@@ -33,6 +33,7 @@ from chunkstore.disk.objects import (CHUNKS_PREFIX, OBJECT_SUFFIX, QUARANTINE_PR
                                      parse_object_url)
 from chunkstore.disk.payloads import PayloadStore
 from chunkstore.testing.s3 import S3Endpoint
+from tests.helpers.eviction import set_access_times  # noqa: F401  (one of this module's helpers)
 
 
 class Bucket:
@@ -132,17 +133,6 @@ def fresh_tier(root: Path, identity: ModelIdentity, postgres_server, s3: S3Endpo
     finally:
         servers.close()
         postgres_server.drop_database(f"test_{name}")
-
-
-def set_access_times(index_url: str, times: dict[bytes, float]) -> None:
-    """Give chunks distinct access times through an index of the test's own on the tier's database."""
-    index = ChunkIndex(index_url)
-    try:
-        for key, t in times.items():
-            index.touch([key], now=t)
-        index.flush()
-    finally:
-        index.close()
 
 
 class InsertGate(threading.Event):

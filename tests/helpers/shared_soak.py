@@ -21,7 +21,6 @@ through creating the index's tables).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import queue
@@ -31,12 +30,12 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from chunkstore.disk.store import ChunkStore
 from chunkstore.testing import crash_soak as soak
+from tests.helpers.crash import die_in_the_first_migration
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _REPLY_TIMEOUT_S = 120.0
@@ -82,33 +81,10 @@ def soak_writer(folder: str, tier: dict, seed: int, *, claim_ttl_s: float = 0.3,
     """crash_soak.run_writer on the tier: the steps of ``plan(seed)``, one JSON line per step done,
     until killed (or ``max_steps``). Its claims lapse ``claim_ttl_s`` after they are made, so that
     the checker finds a dead writer's claims lapsed soon after the kill. Returns 3 on wrong bytes."""
-    from chunkstore.disk.maintenance import evict_bytes
-    from chunkstore.testing.tensors import same_bytes
-
     say(soak.READY_LINE)
     with Tier(**tier).open(folder, capacity_bytes=capacity_bytes, claim_ttl_s=claim_ttl_s, num_workers=2) as store:
         say("open")
-        for step in itertools.islice(soak.plan(seed), max_steps):
-            line: dict = {"step": step.index, "op": step.op.value}
-            if step.op is soak.StepOp.PUT:
-                pages = soak.chain_for(step.namespace, step.digits)
-                result = store.put(pages, [soak.expected_page(p.key) for p in pages])
-                line["stored"] = [k.hex() for k in result.stored]
-                line["failed"] = len(result.failed)
-            elif step.op is soak.StepOp.GET:
-                pages = soak.chain_for(step.namespace, step.digits)
-                got = store.get(pages)
-                for p, t in zip(pages, got):
-                    if t is not None and not same_bytes(t, soak.expected_page(p.key)):
-                        print(f"wrong bytes read for {p.key.hex()}", file=sys.stderr)
-                        return 3
-                line["hits"] = sum(t is not None for t in got)
-            elif step.op is soak.StepOp.EVICT:
-                line["evicted"] = evict_bytes(store, step.evict_bytes).num_chunks
-            else:
-                line["deleted"] = store.delete_namespace(step.namespace).num_chunks
-            say(json.dumps(line))
-    return 0
+        return soak.run_steps(store, seed, max_steps=max_steps, say=say)
 
 
 def stall_writer(folder: str, tier: dict, digits: list[int], claim_ttl_s: float = 0.5) -> int:
@@ -128,18 +104,7 @@ def die_in_first_migration(folder: str, tier: dict) -> int:
     """Open a store on a tier whose database has no tables yet, SIGKILLing this process on the
     second index the first migration creates (as tests/test_crash.py::test_kill_during_first_
     migration does on SQLite)."""
-    import alembic.op
-
-    real_create_index = alembic.op.create_index
-    calls = []
-
-    def create_index_then_die(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # half way through revision 0001
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real_create_index(*args, **kwargs)
-
-    alembic.op.create_index = create_index_then_die
+    die_in_the_first_migration()
     Tier(**tier).open(folder)
     return 1  # not reached
 
@@ -160,29 +125,7 @@ def serve_forks() -> int:
     import chunkstore.testing.faults  # noqa: F401
 
     print("ready", flush=True)
-    for line in sys.stdin:
-        req = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
-                    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(f, fd)
-                    os.close(f)
-                code = JOBS[req["job"]](**req["kwargs"])
-            except BaseException:  # noqa: BLE001 - the child must never return into the server loop
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        print(f"pid {pid}", flush=True)
-        _, status = os.waitpid(pid, 0)
-        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
-    return 0
+    return soak.serve_fork_requests(lambda req: JOBS[req["job"]](**req["kwargs"]))
 
 
 # -- the parent's side ------------------------------------------------------------------------
@@ -284,37 +227,6 @@ class ForkServer:
 
 # -- the cycles -------------------------------------------------------------------------------
 
-def reported_steps(lines: list[str]) -> list[dict]:
-    steps = []
-    for line in lines:
-        if line.startswith("{"):
-            try:
-                steps.append(json.loads(line))
-            except ValueError:  # the last line may be cut by the kill
-                pass
-    return steps
-
-
-def must_survive(seed: int, steps: list[dict]) -> set[bytes]:
-    """The pages the last reported put stored that no later step can have removed (the rule of
-    crash_soak's own check): steps reported since, and the one in flight at the kill, may be gets
-    and namespace deletes (which remove their namespace's), or a put right after it (whose room is
-    made from older chunks); an eviction, or a put after another step, may take any."""
-    puts = [s for s in steps if s["op"] == soak.StepOp.PUT.value]
-    if not puts:
-        return set()
-    last = puts[-1]
-    in_flight = steps[-1]["step"] + 1
-    keys = {bytes.fromhex(h) for h in last["stored"]}
-    namespace_of = {p.key: p.namespace for p in soak.all_pages()}
-    for step in itertools.islice(soak.plan(seed), last["step"] + 1, in_flight + 1):
-        if step.op is soak.StepOp.EVICT or (step.op is soak.StepOp.PUT and step.index != last["step"] + 1):
-            return set()
-        if step.op is soak.StepOp.DELETE_NAMESPACE:
-            keys = {k for k in keys if namespace_of[k] != step.namespace}
-    return keys
-
-
 @dataclasses.dataclass
 class SharedCrashReport:
     cycles: int = 0
@@ -344,7 +256,7 @@ def run_shared_cycles(server: ForkServer, tier: Tier, root: Path, cycles: int, r
                              claim_ttl_s=claim_ttl_s, capacity_bytes=capacity_bytes)
         code = server.kill_after(child, delay)
         lines = child.lines()
-        steps = reported_steps(lines)
+        steps = soak.reported_steps(lines)
         report.cycles += 1
         report.steps_committed += len(steps)
         report.kills_before_open += "open" not in lines
@@ -358,7 +270,7 @@ def run_shared_cycles(server: ForkServer, tier: Tier, root: Path, cycles: int, r
             break
         with store:
             report.failures.extend(f"{tag}: {p}" for p in soak.check_store(store, report.checks,
-                                                                             must_survive(seed, steps)))
+                                                                             soak.surviving_pages(seed, steps)))
             deadline = time.monotonic() + 30 + claim_ttl_s
             while len(store.lapsed_claims(limit=100_000)) != len(store.lapsed_claims(time.time() + 3600, 100_000)):
                 if time.monotonic() > deadline:
