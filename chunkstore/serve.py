@@ -69,6 +69,9 @@ class _Exit(Exception):
 def _build_engine(settings: ServerSettings, cache_config: CacheConfig):
     import torch
 
+    from sqlalchemy.exc import DBAPIError
+
+    from chunkstore.disk import display_url
     from chunkstore.engine import Engine, EngineConfig, load_model  # torch and transformers: only now
 
     if settings.torch_threads is not None:
@@ -85,6 +88,9 @@ def _build_engine(settings: ServerSettings, cache_config: CacheConfig):
                                                          max_running_requests=settings.max_running_requests))
     except (OSError, ValueError, RuntimeError) as exc:  # a busy or foreign store, pools that do not fit
         raise _Exit(f"cannot open the cache at {cache_config.disk_path}: {exc}") from None
+    except DBAPIError as exc:  # a shared tier's database that does not answer, or refuses
+        where = display_url(cache_config.index_url) if cache_config.index_url else cache_config.disk_path
+        raise _Exit(f"cannot use the index at {where}: {exc.orig}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -105,3 +105,8 @@ def test_bad_flags_exit_2(tmp_path, capsys):
     assert run(parse("--model", str(tmp_path / "missing"))) == 2
     assert "no such model folder" in capsys.readouterr().err
     assert run(parse("--port", "-1")) == 2
+    # A shared tier's database that does not answer at start-up (nothing listens on port 1).
+    assert run(parse("--preset", "tiny", "--disk-path", str(tmp_path / "d"),
+                     "--index-url", "postgresql+psycopg://kv:secret@127.0.0.1:1/chunks")) == 2
+    err = capsys.readouterr().err
+    assert "cannot use the index at postgresql+psycopg://kv:***@127.0.0.1:1/chunks" in err and "secret" not in err
