@@ -436,14 +436,16 @@ class ChunkStore:
         """Evict to make room, upload, then commit the rows (payload first, then row); returns the
         keys committed. On failure nothing of the batch stays visible."""
         try:
-            with self._index.evictor_lock() if self._bounded(todo, written) else contextlib.nullcontext():
-                return self._commit_within_room(todo, written, result)
+            # Each namespace's quota, read once for the batch (on a shared tier: from the database).
+            quotas = {ns: self._index.quota(ns) for ns in {todo[k][0].namespace for k in written}}
+            with self._index.evictor_lock() if self._bounded(quotas) else contextlib.nullcontext():
+                return self._commit_within_room(todo, written, result, quotas)
         except DBAPIError as exc:  # the quota lookup or the evictor lock: no row of it was committed
             self._unpublish(todo, written, [k for k in written if k not in result.failed and k not in result.stored],
                             result, "evictor lock", exc)
             return [k for k in written if k in result.stored]
 
-    def _bounded(self, todo, written) -> bool:
+    def _bounded(self, quotas: dict[str, int | None]) -> bool:
         """Whether a shared tier's batch must hold the evictor lock from its room check to its row
         commit: a capacity or a namespace quota applies, and another server's put between the two
         would take the room this one found (each would fit alone; both would not)."""
@@ -451,12 +453,12 @@ class ChunkStore:
             return False
         if self.capacity_bytes is not None:
             return True
-        return any(self._index.quota(ns) is not None for ns in {todo[k][0].namespace for k in written})
+        return any(quota is not None for quota in quotas.values())
 
-    def _commit_within_room(self, todo, written, result: PutResult) -> list[bytes]:
+    def _commit_within_room(self, todo, written, result: PutResult, quotas: dict[str, int | None]) -> list[bytes]:
         step, admitted = "index commit", list(written)
         try:
-            admitted = self._make_room(todo, written, result)  # evicting writes the index too
+            admitted = self._make_room(todo, written, result, quotas)  # evicting writes the index too
             if not admitted:
                 return []
             now = time.time()
@@ -498,7 +500,7 @@ class ChunkStore:
             self._index.count_event(todo[k][0].namespace, "write_errors")
         self._writes.failed(step, exc, num_pages=len(keys))
 
-    def _make_room(self, todo, written, result: PutResult) -> list[bytes]:
+    def _make_room(self, todo, written, result: PutResult, quotas: dict[str, int | None]) -> list[bytes]:
         """Evict to fit the written pages under quotas and capacity; returns the keys that fit.
 
         The stored parents of the batch are never evicted for it: the new pages extend them.
@@ -510,7 +512,7 @@ class ChunkStore:
             by_ns[ns] = by_ns.get(ns, 0) + size
         rejected: dict[str, str] = {}
         for ns, need in by_ns.items():
-            quota = self._index.quota(ns)
+            quota = quotas[ns]
             if quota is not None and not self._fit(need, quota, ns, protect):
                 rejected[ns] = f"namespace quota of {quota} bytes"
         total = sum(need for ns, need in by_ns.items() if ns not in rejected)
