@@ -42,20 +42,67 @@ def test_upgrade_is_idempotent_and_reports_revisions(tmp_path):
     assert {"chunks", "namespace_usage", "namespace_quotas", "counters", "store_meta"} <= tables
 
 
-def test_usage_triggers_follow_inserts_and_deletes(tmp_path):
-    index = ChunkIndex(sqlite_url(tmp_path))
-    rows = [ChunkRow(bytes([i]) * 32, b"\0" * 32, "ns" if i % 2 else "other", 4, 100, 60 + i, 1.0, 1.0)
-            for i in range(10)]
+def _usage_rows(start: int, count: int) -> list[ChunkRow]:
+    return [ChunkRow(bytes([i]) * 32, b"\0" * 32, "ns" if i % 2 else "other", 4, 100, 60 + i, 1.0, 1.0)
+            for i in range(start, start + count)]
+
+
+def _assert_usage_is_the_rows(index: ChunkIndex, kept: list[ChunkRow]) -> None:
+    usage = {u.namespace: u for u in index.usage()}
+    for ns in ("ns", "other"):
+        mine = [r for r in kept if r.namespace == ns]
+        assert (usage[ns].num_chunks, usage[ns].raw_bytes, usage[ns].stored_bytes) == (
+            len(mine), sum(r.raw_bytes for r in mine), sum(r.stored_bytes for r in mine))
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_usage_triggers_follow_inserts_and_deletes(tmp_path, request, dialect):
+    """SQLite's row triggers and PostgreSQL's statement triggers (0008) keep the same totals, over
+    batches that span namespaces."""
+    url = sqlite_url(tmp_path) if dialect == "sqlite" else request.getfixturevalue("postgres_url")
+    index = ChunkIndex(url)
+    rows = _usage_rows(0, 10)
     assert index.insert(rows) == 10
     assert index.insert(rows[:3]) == 0  # duplicates are ignored, totals unchanged
     index.delete([rows[1].key, rows[2].key])
-    usage = {u.namespace: u for u in index.usage()}
-    for ns in ("ns", "other"):
-        kept = [r for r in rows if r.namespace == ns and r.key not in (rows[1].key, rows[2].key)]
-        assert usage[ns].num_chunks == len(kept)
-        assert usage[ns].stored_bytes == sum(r.stored_bytes for r in kept)
-        assert usage[ns].raw_bytes == 100 * len(kept)
+    _assert_usage_is_the_rows(index, [r for r in rows if r not in (rows[1], rows[2])])
     index.close()
+
+
+def test_migration_0008_keeps_the_usage_totals_across_its_upgrade_and_downgrade(postgres_url):
+    """Rows counted by 0001's row triggers, then by 0008's statement triggers, then by the row
+    triggers again after a downgrade: the totals stay the rows' sums throughout."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations.script_location()))
+    engine = create_engine(postgres_url)
+    rows = _usage_rows(0, 30)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "0007")
+        index = ChunkIndex(postgres_url)  # upgrades to the head: 0008
+        assert index.insert(rows[:10]) == 10
+        index.close()
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0007")
+            assert migrations.current_revision(conn) == "0007"
+        with engine.begin() as conn:  # rows written under the row triggers
+            conn.execute(text("INSERT INTO chunks (key, parent_key, namespace, num_tokens, raw_bytes, stored_bytes, "
+                              "created_at, last_access_at) VALUES (:key, :parent, :ns, 4, 100, :stored, 1, 1)"),
+                         [{"key": r.key, "parent": r.parent_key, "ns": r.namespace, "stored": r.stored_bytes}
+                          for r in rows[10:20]])
+            conn.execute(text("DELETE FROM chunks WHERE key = :key"), {"key": rows[0].key})
+        index = ChunkIndex(postgres_url)  # back to 0008
+        assert index.insert(rows[20:]) == 10
+        index.delete([rows[5].key, rows[15].key, rows[25].key])
+        _assert_usage_is_the_rows(index, [r for i, r in enumerate(rows) if i not in (0, 5, 15, 25)])
+        index.close()
+    finally:
+        engine.dispose()
 
 
 def test_server_counters_add_up_per_server_and_old_rows_are_pruned(tmp_path):

@@ -5,6 +5,7 @@ index claimed by the shared payloads."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -16,8 +17,10 @@ import time
 import pytest
 
 from chunkstore import ChunkStore, ModelMismatchError, chain_pages
+from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
+from chunkstore.disk.store import CLAIM_HEAD_PAGES, COMMIT_TAIL_PAGES
 from chunkstore.testing.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
@@ -251,3 +254,70 @@ def test_an_upload_that_fails_leaves_no_row_and_no_claim(open_server, chain):
     assert a.exists([p.key for p in pages[:4]]) == [True, True, False, True]
     assert a.lapsed_claims(now=time.time() + 3600) == []
     assert a.put(pages[2:3], tensors[2:3]).stored == [pages[2].key]  # the next try publishes it
+
+
+def _long_chain(identity, num_pages: int):
+    pages = chain_pages(identity, list(range(identity.page_size * num_pages)))
+    return pages, kv_pages(identity, len(pages))
+
+
+def test_a_long_put_commits_in_two_steps_and_keeps_the_first_when_the_second_fails(open_server, identity):
+    """A put's rows go in two commits (the first while its last uploads run): a database that goes
+    away between them leaves the first committed and nothing of the rest (no row, no object, no
+    claim); the next put publishes the rest."""
+    pages, tensors = _long_chain(identity, COMMIT_TAIL_PAGES + 16)
+    keys = [p.key for p in pages]
+    faults = IndexFaults(inserts_left=1)
+    a = open_server("a", index_factory=faulty_index(faults))
+    result = a.put(pages, tensors)
+    assert result.stored == keys[:16] and list(result.failed) == keys[16:]
+    assert a.exists(keys) == [True] * 16 + [False] * COMMIT_TAIL_PAGES
+    assert len(_objects(open_server.s3, open_server.bucket_url)) == 16  # the rest's objects went again
+    assert a.lapsed_claims(now=time.time() + 3600) == []
+    faults.inserts_left = None
+    again = a.put(pages, tensors)
+    assert again.stored == keys[16:] and again.deduplicated == keys[:16] and not again.failed
+    assert verify(a).ok == len(keys)
+
+
+def test_a_claim_refused_mid_put_fails_the_rest_and_publishes_what_it_claimed(open_server, identity):
+    """The first few keys are claimed alone (their uploads start at once); when the claim of the
+    rest is refused those pages fail, uploaded nowhere, and the first ones are published."""
+    pages, tensors = _long_chain(identity, CLAIM_HEAD_PAGES + 8)
+    keys = [p.key for p in pages]
+    faults = IndexFaults(claims_left=1)
+    a = open_server("a", index_factory=faulty_index(faults))
+    result = a.put(pages, tensors)
+    assert result.stored == keys[:CLAIM_HEAD_PAGES] and list(result.failed) == keys[CLAIM_HEAD_PAGES:]
+    assert all("index unavailable" in why for why in result.failed.values())
+    assert len(_objects(open_server.s3, open_server.bucket_url)) == CLAIM_HEAD_PAGES
+    assert a.lapsed_claims(now=time.time() + 3600) == []
+
+
+def test_a_claim_leaves_stored_keys_out_and_a_row_found_at_commit_is_not_counted_published(open_server, chain):
+    """The claim statement skips keys that have a row; a key whose row another writer committed
+    while this one held a claim on it (the claim's snapshot did not show it) keeps that row, and
+    is not counted as published by this writer."""
+    pages, tensors = chain
+    indexes: dict[str, ChunkIndex] = {}
+
+    def recorded(name: str):
+        def factory(url, **kwargs) -> ChunkIndex:
+            indexes[name] = ChunkIndex(url, **kwargs)
+            return indexes[name]
+        return factory
+
+    a, b = open_server("a", index_factory=recorded("a")), open_server("b", index_factory=recorded("b"))
+    assert a.put(pages[:1], tensors[:1]).stored == [pages[0].key]
+    assert indexes["b"].claim([pages[0].key, pages[1].key], b.writer_id, 60.0) == {pages[1].key}
+    row = a.chunk_rows([pages[0].key])[pages[0].key]
+    late = dataclasses.replace(row, key=pages[1].key, parent_key=pages[0].key, created_at=1.0)
+    indexes["a"].insert([late])  # another writer's row for pages[1] lands while b holds its claim
+
+    def published() -> int:
+        return {c.server: c.published for c in indexes["b"].server_counts()}.get(indexes["b"].server_name, 0)
+
+    before = published()
+    assert indexes["b"].insert_claimed([dataclasses.replace(late, created_at=2.0)], b.writer_id) == {pages[1].key}
+    assert a.chunk_rows([pages[1].key])[pages[1].key].created_at == 1.0  # the first row stays
+    assert published() == before

@@ -8,8 +8,9 @@ device and host pools; the client sends request k to server k mod N, so a client
 lands on another server (as a load balancer without affinity sends it); the servers run in this
 process (one engine each, their own scheduler threads), each with its own data folder. Throughputs
 are MB/s of payload bytes moved, raw and through the store measured in the same run on the same
-bucket, with the store's codec off (so both move the same bytes) and the same thread count. Targets
-are reported, never asserted (common.py).
+bucket, with the store's codec off (so both move the same bytes); the raw PUTs and GETs run on as
+many threads as the store uploads and reads with, just before and just after the store's, and the
+faster of the two counts. Targets are reported, never asserted (common.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ HIT_RATE_TARGET = 0.95  # the shared fleet's hit rate / one server's
 THROUGHPUT_TARGET = 0.8  # the store's publish and read MB/s / the object store's raw PUT and GET
 CONFIGS = ("one-server", "private-tiers", "shared-tier")
 IO_BATCH_PAGES = 128  # pages per put and per get of the publish and read measurement (the cache reads so)
+IO_WARM_PAGES = 16  # pages put and read before the measurement (its connections open)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,6 @@ def _run_config(name: str, cfg: FleetConfig, loaded, work: Path, shared: Service
 # ---- publish and read against raw PUT and GET -------------------------------------------------------
 
 def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
-    import obstore
     import torch
 
     from chunkstore.disk.codec import Codec
@@ -161,56 +162,112 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
     from chunkstore.disk.store import ChunkStore
 
     identity = loaded.identity(cfg.page_size)
-    pages = chain_pages(identity, [(i * 7919) % 251 for i in range(cfg.io_pages * cfg.page_size)], namespace=f"io-{uuid.uuid4().hex[:8]}")
+    pages = chain_pages(identity, [(i * 7919) % 251 for i in range(cfg.io_pages * cfg.page_size)],
+                        namespace=f"io-{uuid.uuid4().hex[:8]}")
     payloads = ObjectPayloads(ObjectStoreConfig(shared.object_store))
+    raw = _RawObjects(shared.object_store, payloads.store_options(), len(pages))
     with ChunkStore(work / "io-store", identity, index_url=shared.index_url, payloads=payloads,
                     codec=Codec.NONE) as store:
         generator = torch.Generator().manual_seed(0)
         tensors = [torch.randn(identity.page_shape, generator=generator).to(store.torch_dtype) for _ in pages]
-        threads = store.num_workers
         batch = IO_BATCH_PAGES
+        # The raw requests run just before and just after the store's, on as many threads as the
+        # store's own (its write workers upload, its io threads read); the faster of the two counts
+        # (an object store on a busy machine drifts within a run).
+        raw.body = os.urandom(_stored_size(store, identity, pages[0], tensors[0]))
+        # Both warm first: the store's connections to the database and the bucket, and the raw
+        # client's, are open before anything is timed (a server's steady state).
+        warm = chain_pages(identity, list(range(IO_WARM_PAGES * cfg.page_size)), namespace=f"warm-{uuid.uuid4().hex[:8]}")
+        store.put(warm, tensors[:len(warm)])
+        store.get(warm)
+        raw.warm(max(store.num_workers, store.io_threads))
+        raw_put_s = raw.put(store.num_workers)
         began = time.perf_counter()
         for i in range(0, len(pages), batch):
             result = store.put(pages[i:i + batch], tensors[i:i + batch])
             if result.failed:
                 raise RuntimeError(f"a put failed: {next(iter(result.failed.values()))}")
         put_s = time.perf_counter() - began
+        raw_put_s = min(raw_put_s, raw.put(store.num_workers))
+        # The write-once PUT (If-None-Match: *) that the publish protocol asks for, raw: how much
+        # of the gap is the object store's own price for it.
+        raw_once_s = raw.put(store.num_workers, write_once=True)
         rows = store.chunk_rows([p.key for p in pages])
         stored = sum(r.stored_bytes for r in rows.values())
         outs = [torch.empty(identity.page_shape, dtype=tensors[0].dtype) for _ in pages]
+        raw_get_s = raw.get(store.io_threads)
         began = time.perf_counter()
         for i in range(0, len(pages), batch):
             if not all(store.get_into(pages[i:i + batch], outs[i:i + batch])):
                 raise RuntimeError("a page read back from the shared tier missed")
         get_s = time.perf_counter() - began
+        raw_get_s = min(raw_get_s, raw.get(store.io_threads))
         chains = [[p.key for p in pages[:n]] for n in (8, 32, 128)]
         lookups = 30
         began = time.perf_counter()
         for i in range(lookups):
             store.longest_prefix(chains[i % len(chains)])
         lookup_s = (time.perf_counter() - began) / lookups
-    # The same bytes, raw: one PUT and one GET per object on as many threads, no index, no codec.
-    size = stored // len(pages)
-    body = os.urandom(size)
-    raw = obstore.store.S3Store.from_url(f"{shared.object_store}/raw-{uuid.uuid4().hex[:8]}",
-                                         **payloads.store_options())
-    names = [f"o{i}" for i in range(len(pages))]
-    with ThreadPoolExecutor(threads) as pool:
-        began = time.perf_counter()
-        list(pool.map(lambda n: obstore.put(raw, n, body, use_multipart=False), names))
-        raw_put_s = time.perf_counter() - began
-        began = time.perf_counter()
-        list(pool.map(lambda n: obstore.get(raw, n).bytes(), names))
-        raw_get_s = time.perf_counter() - began
+        threads = (store.num_workers, store.io_threads)
     mb = stored / 1e6
     return {
-        "pages": len(pages), "page_bytes": size, "threads": threads,
+        "pages": len(pages), "page_bytes": stored // len(pages), "upload_threads": threads[0],
+        "read_threads": threads[1],
         "publish_mb_s": mb / put_s, "raw_put_mb_s": mb / raw_put_s, "publish_vs_raw": raw_put_s / put_s,
+        "raw_write_once_put_mb_s": mb / raw_once_s, "publish_vs_raw_write_once": raw_once_s / put_s,
         "read_mb_s": mb / get_s, "raw_get_mb_s": mb / raw_get_s, "read_vs_raw": raw_get_s / get_s,
         "publish_ms_per_page": put_s * 1e3 / len(pages), "raw_put_ms_per_object": raw_put_s * 1e3 / len(pages),
         "read_ms_per_page": get_s * 1e3 / len(pages), "raw_get_ms_per_object": raw_get_s * 1e3 / len(pages),
         "index_lookup_ms_per_request": lookup_s * 1e3,
     }
+
+
+def _stored_size(store, identity, page, tensor) -> int:
+    """The bytes of one page's object (header and planes, codec off): the raw objects' size."""
+    from chunkstore.disk.page_io import encode_page
+
+    return encode_page(page, tensor, identity, store.codec, store.zstd_level)[1]
+
+
+class _RawObjects:
+    """The object store without chunkstore: plain PUTs and GETs of one body under fresh names, one
+    request per object, no index, no codec. Each ``put`` writes a new set of names (nothing is
+    overwritten); ``get`` reads the last set."""
+
+    def __init__(self, object_store: str, options: dict, count: int):
+        import obstore
+
+        self._ob = obstore
+        self._store = obstore.store.S3Store.from_url(f"{object_store}/raw-{uuid.uuid4().hex[:8]}", **options)
+        self._count = count
+        self._round = 0
+        self.body = b""
+
+    def _names(self) -> list[str]:
+        return [f"r{self._round}/o{i}" for i in range(self._count)]
+
+    def warm(self, threads: int) -> None:
+        """Open the client's connections: one PUT and one GET per thread, untimed."""
+        names = [f"warm/o{i}" for i in range(threads)]
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda n: self._ob.put(self._store, n, self.body, use_multipart=False), names))
+            list(pool.map(lambda n: self._ob.get(self._store, n).bytes(), names))
+
+    def put(self, threads: int, write_once: bool = False) -> float:
+        self._round += 1
+        names = self._names()
+        mode = "create" if write_once else "overwrite"
+        with ThreadPoolExecutor(threads) as pool:
+            began = time.perf_counter()
+            list(pool.map(lambda n: self._ob.put(self._store, n, self.body, mode=mode, use_multipart=False), names))
+            return time.perf_counter() - began
+
+    def get(self, threads: int) -> float:
+        names = self._names()
+        with ThreadPoolExecutor(threads) as pool:
+            began = time.perf_counter()
+            list(pool.map(lambda n: self._ob.get(self._store, n).bytes(), names))
+            return time.perf_counter() - began
 
 
 # ---- the benchmark ------------------------------------------------------------------------------------
@@ -258,11 +315,13 @@ def format_table(result: dict) -> str:
     io = result["io"]
     rows.append(("publish MB/s (raw PUT MB/s)", f"{io['publish_mb_s']:.1f}", f"({io['raw_put_mb_s']:.1f})", ""))
     rows.append(("publish / raw PUT", f"{io['publish_vs_raw']:.2f}", *verdict(result, "publish_vs_raw")))
+    rows.append(("  publish / raw write-once PUT (If-None-Match)", f"{io['publish_vs_raw_write_once']:.2f}", "", ""))
     rows.append(("read MB/s (raw GET MB/s)", f"{io['read_mb_s']:.1f}", f"({io['raw_get_mb_s']:.1f})", ""))
     rows.append(("read / raw GET", f"{io['read_vs_raw']:.2f}", *verdict(result, "read_vs_raw")))
     rows.append(("ms per page: publish, read", f"{io['publish_ms_per_page']:.2f}", f"{io['read_ms_per_page']:.2f}", ""))
     rows.append(("ms per object: raw PUT, GET", f"{io['raw_put_ms_per_object']:.2f}",
                  f"{io['raw_get_ms_per_object']:.2f}", ""))
+    rows.append(("threads: upload, read (raw the same)", f"{io['upload_threads']}", f"{io['read_threads']}", ""))
     rows.append(("index lookup per request (ms)", f"{io['index_lookup_ms_per_request']:.2f}", "", ""))
     return "\n".join([result["setting"], "", *table_lines(rows, target_width=9), "", verdict_line(result)])
 

@@ -271,6 +271,32 @@ def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
         yield items[i : i + size]
 
 
+# A shared tier's publish statements on PostgreSQL: constant text over arrays (one round trip per
+# batch, and nothing for SQLAlchemy to compile per batch size, which cost more than the query).
+_PG_CLAIM = ("INSERT INTO chunk_claims AS c (key, writer, expires_at) "
+             "SELECT k, %(writer)s, %(expires_at)s FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS t(k, i) "
+             "WHERE NOT EXISTS (SELECT 1 FROM chunks WHERE chunks.key = t.k) ORDER BY i "
+             "ON CONFLICT (key) DO UPDATE SET writer = excluded.writer, expires_at = excluded.expires_at "
+             "WHERE c.expires_at < %(now)s RETURNING key")
+_ROW_COLUMNS = (("key", "bytea"), ("parent_key", "bytea"), ("namespace", "text"), ("num_tokens", "integer"),
+                ("raw_bytes", "bigint"), ("stored_bytes", "bigint"), ("created_at", "float8"),
+                ("last_access_at", "float8"), ("hit_count", "bigint"), ("pinned", "boolean"))
+_ROW_NAMES = ", ".join(name for name, _ in _ROW_COLUMNS)
+# The claims of ``writer`` on the rows' keys are deleted and a row inserted for each claim held;
+# answers (key, whether its row went in) for each claim held.
+_PG_COMMIT_CLAIMED = (
+    "WITH held AS (DELETE FROM chunk_claims WHERE key = ANY(%(key)s) AND writer = %(writer)s RETURNING key), "
+    f"added AS (INSERT INTO chunks ({_ROW_NAMES}) "
+    f"SELECT * FROM unnest({', '.join(f'%({name})s::{kind}[]' for name, kind in _ROW_COLUMNS)}) AS r({_ROW_NAMES}) "
+    "WHERE r.key IN (SELECT key FROM held) ON CONFLICT DO NOTHING RETURNING key) "
+    "SELECT held.key, added.key IS NOT NULL FROM held LEFT JOIN added ON added.key = held.key")
+
+
+def _row_arrays(rows: Sequence[ChunkRow]) -> dict[str, list]:
+    """``rows`` as one array per column (``_PG_COMMIT_CLAIMED``'s parameters)."""
+    return {name: [getattr(r, name) for r in rows] for name, _ in _ROW_COLUMNS}
+
+
 def _row_values(rows: Iterable[ChunkRow]) -> list[dict]:
     return [dict(key=r.key, parent_key=r.parent_key, namespace=r.namespace, num_tokens=r.num_tokens,
                  raw_bytes=r.raw_bytes, stored_bytes=r.stored_bytes, created_at=r.created_at,
@@ -650,24 +676,40 @@ class ChunkIndex:
     def claim(self, keys: Sequence[bytes], writer: str, ttl_s: float, now: float | None = None) -> set[bytes]:
         """Claim ``keys`` for ``writer`` until ``now + ttl_s``: the keys this writer may now upload.
         A key claimed by another writer is left to it unless that claim has lapsed (a dead
-        writer's), which is taken over; a key that already has a row is not claimed (its claim is
-        released at once). One statement per batch (``INSERT ... ON CONFLICT DO UPDATE ... WHERE
-        the claim lapsed RETURNING key``): on PostgreSQL two writers racing for a key get it once."""
+        writer's), which is taken over; a key that already has a row is not claimed. One statement
+        (``INSERT ... ON CONFLICT DO UPDATE ... WHERE the claim lapsed RETURNING key``): on
+        PostgreSQL two writers racing for a key get it once.
+
+        On PostgreSQL the statement also leaves out the keys with a row, as of its start: a row
+        another writer commits while it runs is not seen, so that key can be claimed again. That is
+        harmless: the upload finds the object there and keeps it (write-once), and the row insert
+        finds the row and adds none (``insert_claimed``)."""
         now = time.time() if now is None else now
-        won: set[bytes] = set()
+        # In key order: two writers' batches that overlap then lock their rows in one order, so
+        # they never deadlock in PostgreSQL.
+        ordered = sorted(set(keys))
+        if not ordered:
+            return set()
         with self.write_lock, self.engine.begin() as conn:
-            # In key order: two writers' batches that overlap then lock their rows in one order, so
-            # they never deadlock in PostgreSQL.
-            for batch in _batches(sorted(set(keys))):
+            if not self.is_sqlite:  # constant text over arrays: nothing to compile per batch size
+                return {bytes(k) for k in conn.exec_driver_sql(_PG_CLAIM, {
+                    "keys": ordered, "writer": writer, "expires_at": now + ttl_s, "now": now}).scalars()}
+            won: set[bytes] = set()
+            for batch in _batches(ordered):
                 stmt = self._insert(chunk_claims).values(
                     [{"key": k, "writer": writer, "expires_at": now + ttl_s} for k in batch])
                 stmt = stmt.on_conflict_do_update(
-                    index_elements=["key"], set_={"writer": stmt.excluded.writer, "expires_at": stmt.excluded.expires_at},
+                    index_elements=["key"],
+                    set_={"writer": stmt.excluded.writer, "expires_at": stmt.excluded.expires_at},
                     where=chunk_claims.c.expires_at < now).returning(chunk_claims.c.key)
                 won.update(bytes(k) for k in conn.execute(stmt).scalars())
-        stored = self.present(list(won))
-        if stored:
-            self.release(stored, writer)
+            # SQLite has one writer at a time: a key with a row is released in the same transaction.
+            stored: set[bytes] = set()
+            for batch in _batches(list(won)):
+                stmt = select(chunks.c.key).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+                stored.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
+            if stored:
+                self._release_in(conn, list(stored), writer)
         return won - stored
 
     def insert_claimed(self, rows: Sequence[ChunkRow], writer: str) -> set[bytes]:
@@ -679,15 +721,21 @@ class ChunkIndex:
             return set()
         held: set[bytes] = set()
         with self._writing() as conn:
-            for batch in _batches([r.key for r in rows]):
-                stmt = (chunk_claims.delete()
-                        .where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
-                               chunk_claims.c.writer == writer)
-                        .returning(chunk_claims.c.key))
-                held.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
-            if mine := [r for r in rows if r.key in held]:
-                conn.execute(self._insert(chunks).on_conflict_do_nothing(), _row_values(mine))
-        self._count_published(len(held))
+            if self.is_sqlite:
+                for batch in _batches([r.key for r in rows]):
+                    stmt = (chunk_claims.delete()
+                            .where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
+                                   chunk_claims.c.writer == writer)
+                            .returning(chunk_claims.c.key))
+                    held.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
+                if mine := [r for r in rows if r.key in held]:
+                    conn.execute(self._insert(chunks).on_conflict_do_nothing(), _row_values(mine))
+                added = len(held)
+            else:  # one statement of constant text (arrays): the claims go, the rows come
+                answer = conn.exec_driver_sql(_PG_COMMIT_CLAIMED, {"writer": writer, **_row_arrays(rows)}).all()
+                held = {bytes(k) for k, _ in answer}
+                added = sum(1 for _, inserted in answer if inserted)  # (else another writer's row was there)
+        self._count_published(added)
         return held
 
     def release(self, keys: Iterable[bytes], writer: str) -> int:

@@ -36,7 +36,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -135,13 +135,24 @@ def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_
 # How long a shared tier's publish claim holds (index.claim): far longer than a batch's upload takes,
 # short enough that a dead writer's keys are published by another server soon after.
 CLAIM_TTL_S = 60.0
+# A shared tier's put pipelines its index work with its uploads (ChunkStore._put_shared): the first
+# claim is this small, so the uploads start after one short round trip, and the last commit this
+# small, so little of the commit is left once the uploads end.
+CLAIM_HEAD_PAGES = 8
+COMMIT_TAIL_PAGES = 32
+# A shared tier's uploads in flight at once (its write workers): an object store answers each PUT
+# after a round trip, so its throughput grows with them (on this project's test machine, 16
+# against 4 published a third faster, the raw PUTs as much).
+SHARED_WRITE_WORKERS = 16
 # How old an object with neither row nor claim must be before the sweeper deletes it.
 SWEEP_GRACE_S = 600.0
 
 
-def default_num_workers() -> int:
-    """Threads that compress and write: two per core, as writes block in fsync."""
-    return max(4, 2 * (os.cpu_count() or 2))
+def default_num_workers(shared: bool = False) -> int:
+    """Threads that compress and write: two per core, as writes block in fsync; a shared tier's at
+    least SHARED_WRITE_WORKERS, as its uploads wait on the network."""
+    folder = max(4, 2 * (os.cpu_count() or 2))
+    return max(folder, SHARED_WRITE_WORKERS) if shared else folder
 
 
 class ChunkStore:
@@ -152,7 +163,8 @@ class ChunkStore:
     ``allow_other_models``: keys bind the identity, so models never share chunks) and
     StoreBusyError when another process is writing it. ``direct_reads`` reads chunk files around
     the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
-    and write (default 2 per core, at least 4), ``io_threads`` read (default 8), ``decode_threads``
+    and write (default 2 per core, at least 4; on a shared tier at least 16, as they upload),
+    ``io_threads`` read (default 8), ``decode_threads``
     decode loaded pages (default 1 per core). ``background_priority`` is the CPU priority of the
     compress-and-write threads and of the reads asked for as ``background`` (priority.py): below
     the request path's, that work takes only the cycles it leaves; other reads keep the request
@@ -241,7 +253,7 @@ class ChunkStore:
         except BaseException:
             self._release_writer_lock()
             raise
-        self.num_workers = num_workers or default_num_workers()
+        self.num_workers = num_workers or default_num_workers(self.shared)
         self._loader = PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads)
         self.io_threads, self.decode_threads = self._loader.io_threads, self._loader.decode_threads
         self._background_loader = self._loader if self.background_priority is ThreadPriority.NORMAL else \
@@ -319,8 +331,8 @@ class ChunkStore:
         for p, t in zip(pages, tensors):
             self._check_page(p, t)
         result = PutResult()
-        try:
-            present = self._index.present([p.key for p in pages])
+        try:  # (a shared tier's claim leaves the stored keys out itself: a round trip fewer)
+            present = set() if self.shared else self._index.present([p.key for p in pages])
         except DBAPIError as exc:  # the index does not answer: nothing is written, nothing lost
             for p in pages:
                 result.failed[p.key] = f"write failed: index unavailable: {exc.orig}"
@@ -338,25 +350,53 @@ class ChunkStore:
             if written:
                 self._publish(todo, written, result)
             return result
-        # A shared tier: claim first (a key another writer claims is skipped before any work),
-        # then each page is encoded and uploaded on its own worker as soon as it can be, so the
-        # uploads overlap the encoding; the rows go in afterwards, under the claims.
-        if not self._claim(todo, result):
-            return result
-        claimed, committed = list(todo), []
+        return self._put_shared(todo, result)
+
+    def _put_shared(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]], result: PutResult) -> PutResult:
+        """A shared tier's put, pipelined so that its index round trips overlap its uploads: the
+        first CLAIM_HEAD_PAGES keys are claimed and their uploads started, the rest are claimed
+        while those upload; the rows are committed in two steps, all but the last
+        COMMIT_TAIL_PAGES pages while those still upload. Each step keeps the publish protocol: a
+        key is claimed before it is uploaded, and its row goes in only after its upload (a key
+        another writer claims is skipped before any work, as a duplicate)."""
+        keys = list(todo)
+        futures: dict[bytes, Future] = {}
+        claimed: list[bytes] = []
+        committed: list[bytes] = []
+        quotas: dict[str, int | None] = {}  # each namespace's, read once for the put (both commits)
         try:
-            written = self._write_all(todo, self._encode_and_upload, result)
-            if written:
-                committed = self._publish(todo, written, result)
+            parts = (keys[:CLAIM_HEAD_PAGES], keys[CLAIM_HEAD_PAGES:])
+            for i, part in enumerate(parts):
+                won = {k: todo[k] for k in part}
+                if won and not self._claim(won, result):  # the index did not answer: those pages
+                    for k in itertools.chain.from_iterable(parts[i + 1:]):  # failed, and so do the rest
+                        result.failed[k] = result.failed[part[0]]
+                        self._index.count_event(todo[k][0].namespace, "write_errors")
+                    break
+                claimed += won
+                futures.update(self._submit(won, self._encode_and_upload))
+            order = [k for k in keys if k in futures]  # chain order: parents commit before children
+            split = max(len(order) - COMMIT_TAIL_PAGES, 0)
+            for part in (order[:split], order[split:]):
+                if written := self._collect({k: futures[k] for k in part}, todo, result):
+                    committed += self._publish(todo, written, result, quotas)
         finally:
+            for fut in futures.values():
+                fut.cancel()  # (an unexpected error: what was uploaded has no row, an orphan swept later)
             if unclaim := [k for k in claimed if k not in committed]:
                 self._release_claims(unclaim)
         return result
 
     def _write_all(self, todo, task, result: PutResult) -> dict[bytes, tuple[Staged, int]]:
-        """Run ``task`` (encode and stage, or encode and upload) for every page on the worker pool;
-        returns what was written, with each failure listed in ``result``."""
-        futures = {k: self._pool.submit(task, p, t) for k, (p, t) in todo.items()}
+        """Run ``task`` (encode and stage) for every page on the worker pool; returns what was
+        written, with each failure listed in ``result``."""
+        return self._collect(self._submit(todo, task), todo, result)
+
+    def _submit(self, todo, task) -> dict[bytes, Future]:
+        return {k: self._pool.submit(task, p, t) for k, (p, t) in todo.items()}
+
+    def _collect(self, futures: dict[bytes, Future], todo, result: PutResult) -> dict[bytes, tuple[Staged, int]]:
+        """Wait for the pages' tasks: what was written, with each failure listed in ``result``."""
         written: dict[bytes, tuple[Staged, int]] = {}
         try:
             for key, fut in futures.items():
@@ -366,7 +406,7 @@ class ChunkStore:
                     result.failed[key] = f"write failed: {exc}"
                     self._index.count_event(todo[key][0].namespace, "write_errors")
                     self._writes.failed("chunk file" if not self.shared else "upload", exc)
-        except BaseException:  # an unexpected error: leave nothing of this batch staged
+        except BaseException:  # an unexpected error: leave nothing of these pages staged
             for fut in futures.values():
                 if not fut.cancel() and fut.exception() is None:
                     self.payloads.discard(fut.result()[0])
@@ -380,7 +420,8 @@ class ChunkStore:
         return staged, size
 
     def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
-                 written: dict[bytes, tuple[Staged, int]], result: PutResult) -> list[bytes]:
+                 written: dict[bytes, tuple[Staged, int]], result: PutResult,
+                 quotas: dict[str, int | None] | None = None) -> list[bytes]:
         """Make room, publish (a folder: rename; a shared tier's pages are uploaded already), then
         commit the rows, under the writer lock; returns the keys committed."""
         with self._index.write_lock:
@@ -392,7 +433,7 @@ class ChunkStore:
                     return []
                 for key in again:  # another thread stored it meanwhile
                     self._skip_stored(key, todo, written, result)
-            return self._publish_claimed(todo, written, result)
+            return self._publish_claimed(todo, written, result, {} if quotas is None else quotas)
 
     def _skip_stored(self, key: bytes, todo, written, result: PutResult) -> None:
         self.payloads.discard(written.pop(key)[0])
@@ -432,12 +473,13 @@ class ChunkStore:
         except DBAPIError as exc:  # they lapse after claim_ttl_s
             self._writes.failed("claim release", exc, num_pages=0)
 
-    def _publish_claimed(self, todo, written, result: PutResult) -> list[bytes]:
+    def _publish_claimed(self, todo, written, result: PutResult, quotas: dict[str, int | None]) -> list[bytes]:
         """Evict to make room, upload, then commit the rows (payload first, then row); returns the
         keys committed. On failure nothing of the batch stays visible."""
         try:
-            # Each namespace's quota, read once for the batch (on a shared tier: from the database).
-            quotas = {ns: self._index.quota(ns) for ns in {todo[k][0].namespace for k in written}}
+            # Each namespace's quota, read once per put (on a shared tier: from the database).
+            for ns in {todo[k][0].namespace for k in written} - quotas.keys():
+                quotas[ns] = self._index.quota(ns)
             with self._index.evictor_lock() if self._bounded(quotas) else contextlib.nullcontext():
                 return self._commit_within_room(todo, written, result, quotas)
         except DBAPIError as exc:  # the quota lookup or the evictor lock: no row of it was committed

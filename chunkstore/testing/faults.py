@@ -203,6 +203,10 @@ class IndexFaults:
     # Set to an Event: row inserts wait until it is set (a writer stalled, or about to die, after
     # its uploads and before its rows).
     hold_inserts: threading.Event | None = None
+    # Set to n: the next n row inserts (or publish claims) succeed and every later one fails (a
+    # database that goes away in the middle of a put).
+    inserts_left: int | None = None
+    claims_left: int | None = None
 
 
 class FaultyIndex(ChunkIndex):
@@ -216,8 +220,13 @@ class FaultyIndex(ChunkIndex):
     def _before_insert(self) -> None:
         if self.faults.hold_inserts is not None:
             self.faults.hold_inserts.wait()
-        if self.faults.insert:
+        if self.faults.insert or _spent(self.faults, "inserts_left"):
             raise index_disk_full("INSERT INTO chunks")
+
+    def claim(self, keys, writer, ttl_s, now=None):
+        if _spent(self.faults, "claims_left"):
+            raise index_disk_full("INSERT INTO chunk_claims")
+        return super().claim(keys, writer, ttl_s, now)
 
     def insert(self, rows):
         self._before_insert()
@@ -231,6 +240,15 @@ class FaultyIndex(ChunkIndex):
         if self.faults.delete:
             raise index_disk_full("DELETE FROM chunks")
         return super().delete(keys)
+
+
+def _spent(faults: IndexFaults, budget: str) -> bool:
+    """Whether the budget ``budget`` of ``faults`` is used up; counts this call against it."""
+    left = getattr(faults, budget)
+    if left is None:
+        return False
+    setattr(faults, budget, max(left - 1, 0))
+    return left == 0
 
 
 def faulty_index(faults: IndexFaults) -> Callable[..., ChunkIndex]:
