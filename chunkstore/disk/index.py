@@ -274,7 +274,7 @@ def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
 # A shared tier's publish statements on PostgreSQL: constant text over arrays (one round trip per
 # batch, and nothing for SQLAlchemy to compile per batch size, which cost more than the query).
 _PG_CLAIM = ("INSERT INTO chunk_claims AS c (key, writer, expires_at) "
-             "SELECT k, %(writer)s, %(expires_at)s FROM unnest(%(keys)s::bytea[]) WITH ORDINALITY AS t(k, i) "
+             "SELECT k, %(writer)s, %(expires_at)s FROM unnest(%(keys)b::bytea[]) WITH ORDINALITY AS t(k, i) "
              "WHERE NOT EXISTS (SELECT 1 FROM chunks WHERE chunks.key = t.k) ORDER BY i "
              "ON CONFLICT (key) DO UPDATE SET writer = excluded.writer, expires_at = excluded.expires_at "
              "WHERE c.expires_at < %(now)s RETURNING key")
@@ -285,9 +285,9 @@ _ROW_NAMES = ", ".join(name for name, _ in _ROW_COLUMNS)
 # The claims of ``writer`` on the rows' keys are deleted and a row inserted for each claim held;
 # answers (key, whether its row went in) for each claim held.
 _PG_COMMIT_CLAIMED = (
-    "WITH held AS (DELETE FROM chunk_claims WHERE key = ANY(%(key)s) AND writer = %(writer)s RETURNING key), "
+    "WITH held AS (DELETE FROM chunk_claims WHERE key = ANY(%(key)b) AND writer = %(writer)s RETURNING key), "
     f"added AS (INSERT INTO chunks ({_ROW_NAMES}) "
-    f"SELECT * FROM unnest({', '.join(f'%({name})s::{kind}[]' for name, kind in _ROW_COLUMNS)}) AS r({_ROW_NAMES}) "
+    f"SELECT * FROM unnest({', '.join(f'%({name})b::{kind}[]' for name, kind in _ROW_COLUMNS)}) AS r({_ROW_NAMES}) "
     "WHERE r.key IN (SELECT key FROM held) ON CONFLICT DO NOTHING RETURNING key) "
     "SELECT held.key, added.key IS NOT NULL FROM held LEFT JOIN added ON added.key = held.key")
 
@@ -398,7 +398,7 @@ class ChunkIndex:
                     sql = f"SELECT key FROM chunks WHERE key IN ({','.join('?' * len(batch))})"
                     found.update(row[0] for row in cursor.execute(sql, list(batch)))
             elif keys:  # one round trip for the whole prefix
-                cursor.execute("SELECT key FROM chunks WHERE key = ANY(%s)", [list(keys)])
+                cursor.execute("SELECT key FROM chunks WHERE key = ANY(%b)", [list(keys)])
                 found.update(bytes(row[0]) for row in cursor.fetchall())
             cursor.close()
         finally:
