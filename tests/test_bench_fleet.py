@@ -33,10 +33,11 @@ def test_a_tiny_fleet_reports_every_configuration_and_figure(tmp_path, capsys, p
     assert r["runs"][0]["hit_rate"] > 0  # one server sees every turn of a conversation
     assert r["runs"][1]["disk_hit_rate"] == 0  # a private tier never holds another server's pages
     for key in ("publish_mb_s", "raw_put_mb_s", "read_mb_s", "raw_get_mb_s", "publish_vs_raw", "read_vs_raw",
-                "publish_vs_raw_write_once", "raw_write_once_put_mb_s",
+                "publish_vs_raw_write_once", "raw_write_once_put_mb_s", "publish_vs_raw_stream", "read_vs_raw_stream",
+                "raw_stream_put_mb_s", "raw_stream_get_mb_s", "io_batch_pages",
                 "index_lookup_ms_per_request"):
         assert math.isfinite(r["io"][key]) and r["io"][key] > 0, key
-    assert r["io"]["pages"] == 16
+    assert r["io"]["pages"] == 16 and len(r["io"]["publish_vs_raw_rounds"]) == r["io"]["rounds"] == bench.IO_ROUNDS
     assert set(r["targets"]) == {"shared_vs_one_server", "publish_vs_raw", "read_vs_raw"}
     table = capsys.readouterr().out
     assert "shared tier / one server (hit rate)" in table and "publish / raw PUT" in table

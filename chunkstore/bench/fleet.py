@@ -9,8 +9,9 @@ lands on another server (as a load balancer without affinity sends it); the serv
 process (one engine each, their own scheduler threads), each with its own data folder. Throughputs
 are MB/s of payload bytes moved, raw and through the store measured in the same run on the same
 bucket, with the store's codec off (so both move the same bytes); the raw PUTs and GETs run on as
-many threads as the store uploads and reads with, just before and just after the store's, and the
-faster of the two counts. Targets are reported, never asserted (common.py).
+many threads as the store uploads and reads with, in the same batches, alternating with the
+store's, the same number of rounds each; a ratio is the median of the rounds' own ratios, a MB/s
+figure the median round's. Targets are reported, never asserted (common.py).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ PROG = "chunkstore bench fleet"
 HIT_RATE_TARGET = 0.95  # the shared fleet's hit rate / one server's
 THROUGHPUT_TARGET = 0.8  # the store's publish and read MB/s / the object store's raw PUT and GET
 CONFIGS = ("one-server", "private-tiers", "shared-tier")
-IO_BATCH_PAGES = 128  # pages per put and per get of the publish and read measurement (the cache reads so)
+IO_BATCH_PAGES = 128  # pages per put and per get of the publish and read measurement (the cache reads so),
+# and per batch of the raw requests they are compared with
 IO_WARM_PAGES = 16  # pages put and read before the measurement (its connections open)
+IO_ROUNDS = 5  # rounds of the raw requests and of the store's, alternating; a ratio is the median of the rounds'
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,7 @@ class FleetConfig:
     host_pages: int = 128
     index_url: str | None = None  # None: a throwaway PostgreSQL server (Debian's postgresql)
     object_store: str | None = None  # None: a throwaway moto S3 server; else from the AWS_* variables
-    io_pages: int = 256
+    io_pages: int = 512
     show_progress: bool = True
 
     def __post_init__(self) -> None:
@@ -162,64 +165,93 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
     from chunkstore.disk.store import ChunkStore
 
     identity = loaded.identity(cfg.page_size)
-    pages = chain_pages(identity, [(i * 7919) % 251 for i in range(cfg.io_pages * cfg.page_size)],
-                        namespace=f"io-{uuid.uuid4().hex[:8]}")
+    tokens = [(i * 7919) % 251 for i in range(cfg.io_pages * cfg.page_size)]
+    # Each round publishes its own pages (a namespace of its own: nothing is deduplicated).
+    rounds = [chain_pages(identity, tokens, namespace=f"io-{uuid.uuid4().hex[:8]}") for _ in range(IO_ROUNDS)]
     payloads = ObjectPayloads(ObjectStoreConfig(shared.object_store))
-    raw = _RawObjects(shared.object_store, payloads.store_options(), len(pages))
+    raw = _RawObjects(shared.object_store, payloads.store_options(), cfg.io_pages)
     with ChunkStore(work / "io-store", identity, index_url=shared.index_url, payloads=payloads,
                     codec=Codec.NONE) as store:
         generator = torch.Generator().manual_seed(0)
-        tensors = [torch.randn(identity.page_shape, generator=generator).to(store.torch_dtype) for _ in pages]
-        batch = IO_BATCH_PAGES
-        # The raw requests run just before and just after the store's, on as many threads as the
-        # store's own (its write workers upload, its io threads read); the faster of the two counts
-        # (an object store on a busy machine drifts within a run).
-        raw.body = os.urandom(_stored_size(store, identity, pages[0], tensors[0]))
+        tensors = [torch.randn(identity.page_shape, generator=generator).to(store.torch_dtype)
+                   for _ in range(cfg.io_pages)]
+        raw.body = os.urandom(_stored_size(store, identity, rounds[0][0], tensors[0]))
         # Both warm first: the store's connections to the database and the bucket, and the raw
         # client's, are open before anything is timed (a server's steady state).
         warm = chain_pages(identity, list(range(IO_WARM_PAGES * cfg.page_size)), namespace=f"warm-{uuid.uuid4().hex[:8]}")
         store.put(warm, tensors[:len(warm)])
         store.get(warm)
         raw.warm(max(store.num_workers, store.io_threads))
-        raw_put_s = raw.put(store.num_workers)
-        began = time.perf_counter()
-        for i in range(0, len(pages), batch):
-            result = store.put(pages[i:i + batch], tensors[i:i + batch])
-            if result.failed:
-                raise RuntimeError(f"a put failed: {next(iter(result.failed.values()))}")
-        put_s = time.perf_counter() - began
-        raw_put_s = min(raw_put_s, raw.put(store.num_workers))
-        # The write-once PUT (If-None-Match: *) that the publish protocol asks for, raw: how much
-        # of the gap is the object store's own price for it.
-        raw_once_s = raw.put(store.num_workers, write_once=True)
-        rows = store.chunk_rows([p.key for p in pages])
+        # The raw requests and the store's alternate, IO_ROUNDS times each, on as many threads as
+        # the store's own (its write workers upload, its io threads read), in the same batches of
+        # IO_BATCH_PAGES (each batch done before the next starts, as a put or a get returns); a
+        # ratio is the median of the rounds' own (an object store on a busy machine drifts within
+        # a run, and a round's raw and store requests run seconds apart). Two
+        # more raw figures show where a gap comes from: the write-once PUT (If-None-Match: *) that
+        # the publish protocol asks for, the object store's own price for it; and all the pages in
+        # one stream, with no batch boundaries (no drain of the threads between batches).
+        raw_put_s, put_s, raw_once_s, stream_put_s = [], [], [], []
+        for pages in rounds:
+            raw_put_s.append(raw.put(store.num_workers, batch=IO_BATCH_PAGES))
+            put_s.append(_timed_puts(store, pages, tensors))
+            raw_once_s.append(raw.put(store.num_workers, write_once=True, batch=IO_BATCH_PAGES))
+            stream_put_s.append(raw.put(store.num_workers))
+        outs = [torch.empty(identity.page_shape, dtype=tensors[0].dtype) for _ in range(cfg.io_pages)]
+        raw_get_s, get_s, stream_get_s = [], [], []
+        for pages in rounds:
+            raw_get_s.append(raw.get(store.io_threads, batch=IO_BATCH_PAGES))
+            get_s.append(_timed_gets(store, pages, outs))
+            stream_get_s.append(raw.get(store.io_threads))
+        rows = store.chunk_rows([p.key for p in rounds[0]])
         stored = sum(r.stored_bytes for r in rows.values())
-        outs = [torch.empty(identity.page_shape, dtype=tensors[0].dtype) for _ in pages]
-        raw_get_s = raw.get(store.io_threads)
-        began = time.perf_counter()
-        for i in range(0, len(pages), batch):
-            if not all(store.get_into(pages[i:i + batch], outs[i:i + batch])):
-                raise RuntimeError("a page read back from the shared tier missed")
-        get_s = time.perf_counter() - began
-        raw_get_s = min(raw_get_s, raw.get(store.io_threads))
-        chains = [[p.key for p in pages[:n]] for n in (8, 32, 128)]
+        chains = [[p.key for p in rounds[0][:n]] for n in (8, 32, 128)]
         lookups = 30
         began = time.perf_counter()
         for i in range(lookups):
             store.longest_prefix(chains[i % len(chains)])
         lookup_s = (time.perf_counter() - began) / lookups
         threads = (store.num_workers, store.io_threads)
-    mb = stored / 1e6
+    mb, n = stored / 1e6, cfg.io_pages
+
+    def vs(raw_s: list[float], store_s: list[float]) -> float:  # the median of the rounds' own ratios
+        return statistics.median(r / s for r, s in zip(raw_s, store_s))
+
+    t = {name: statistics.median(v) for name, v in (("put", put_s), ("raw_put", raw_put_s), ("raw_once", raw_once_s),
+                                                    ("stream_put", stream_put_s), ("get", get_s),
+                                                    ("raw_get", raw_get_s), ("stream_get", stream_get_s))}
     return {
-        "pages": len(pages), "page_bytes": stored // len(pages), "upload_threads": threads[0],
-        "read_threads": threads[1],
-        "publish_mb_s": mb / put_s, "raw_put_mb_s": mb / raw_put_s, "publish_vs_raw": raw_put_s / put_s,
-        "raw_write_once_put_mb_s": mb / raw_once_s, "publish_vs_raw_write_once": raw_once_s / put_s,
-        "read_mb_s": mb / get_s, "raw_get_mb_s": mb / raw_get_s, "read_vs_raw": raw_get_s / get_s,
-        "publish_ms_per_page": put_s * 1e3 / len(pages), "raw_put_ms_per_object": raw_put_s * 1e3 / len(pages),
-        "read_ms_per_page": get_s * 1e3 / len(pages), "raw_get_ms_per_object": raw_get_s * 1e3 / len(pages),
+        "pages": n, "rounds": IO_ROUNDS, "page_bytes": stored // n, "upload_threads": threads[0],
+        "read_threads": threads[1], "io_batch_pages": IO_BATCH_PAGES,
+        "publish_mb_s": mb / t["put"], "raw_put_mb_s": mb / t["raw_put"], "publish_vs_raw": vs(raw_put_s, put_s),
+        "publish_vs_raw_rounds": [r / s for r, s in zip(raw_put_s, put_s)],
+        "raw_write_once_put_mb_s": mb / t["raw_once"], "publish_vs_raw_write_once": vs(raw_once_s, put_s),
+        "raw_stream_put_mb_s": mb / t["stream_put"], "publish_vs_raw_stream": vs(stream_put_s, put_s),
+        "read_mb_s": mb / t["get"], "raw_get_mb_s": mb / t["raw_get"], "read_vs_raw": vs(raw_get_s, get_s),
+        "read_vs_raw_rounds": [r / s for r, s in zip(raw_get_s, get_s)],
+        "raw_stream_get_mb_s": mb / t["stream_get"], "read_vs_raw_stream": vs(stream_get_s, get_s),
+        "publish_ms_per_page": t["put"] * 1e3 / n, "raw_put_ms_per_object": t["raw_put"] * 1e3 / n,
+        "read_ms_per_page": t["get"] * 1e3 / n, "raw_get_ms_per_object": t["raw_get"] * 1e3 / n,
         "index_lookup_ms_per_request": lookup_s * 1e3,
     }
+
+
+def _timed_puts(store, pages, tensors) -> float:
+    """Seconds to publish ``pages``, IO_BATCH_PAGES per put (as the cache's writer hands them)."""
+    began = time.perf_counter()
+    for i in range(0, len(pages), IO_BATCH_PAGES):
+        result = store.put(pages[i:i + IO_BATCH_PAGES], tensors[i:i + IO_BATCH_PAGES])
+        if result.failed:
+            raise RuntimeError(f"a put failed: {next(iter(result.failed.values()))}")
+    return time.perf_counter() - began
+
+
+def _timed_gets(store, pages, outs) -> float:
+    """Seconds to read ``pages`` back, IO_BATCH_PAGES per get; every page must hit."""
+    began = time.perf_counter()
+    for i in range(0, len(pages), IO_BATCH_PAGES):
+        if not all(store.get_into(pages[i:i + IO_BATCH_PAGES], outs[i:i + IO_BATCH_PAGES])):
+            raise RuntimeError("a page read back from the shared tier missed")
+    return time.perf_counter() - began
 
 
 def _stored_size(store, identity, page, tensor) -> int:
@@ -253,20 +285,25 @@ class _RawObjects:
             list(pool.map(lambda n: self._ob.put(self._store, n, self.body, use_multipart=False), names))
             list(pool.map(lambda n: self._ob.get(self._store, n).bytes(), names))
 
-    def put(self, threads: int, write_once: bool = False) -> float:
+    def put(self, threads: int, write_once: bool = False, batch: int | None = None) -> float:
+        """Seconds to PUT a new set of names on ``threads``, ``batch`` at a time (each batch's
+        requests done before the next starts, as the store's puts are), or all in one stream."""
         self._round += 1
-        names = self._names()
         mode = "create" if write_once else "overwrite"
-        with ThreadPoolExecutor(threads) as pool:
-            began = time.perf_counter()
-            list(pool.map(lambda n: self._ob.put(self._store, n, self.body, mode=mode, use_multipart=False), names))
-            return time.perf_counter() - began
+        return self._timed(threads, batch, lambda n: self._ob.put(self._store, n, self.body, mode=mode,
+                                                                   use_multipart=False))
 
-    def get(self, threads: int) -> float:
+    def get(self, threads: int, batch: int | None = None) -> float:
+        """Seconds to GET the last set of names, as ``put`` does."""
+        return self._timed(threads, batch, lambda n: self._ob.get(self._store, n).bytes())
+
+    def _timed(self, threads: int, batch: int | None, request) -> float:
         names = self._names()
+        step = batch or len(names)
         with ThreadPoolExecutor(threads) as pool:
             began = time.perf_counter()
-            list(pool.map(lambda n: self._ob.get(self._store, n).bytes(), names))
+            for i in range(0, len(names), step):
+                list(pool.map(request, names[i:i + step]))
             return time.perf_counter() - began
 
 
@@ -315,13 +352,22 @@ def format_table(result: dict) -> str:
     io = result["io"]
     rows.append(("publish MB/s (raw PUT MB/s)", f"{io['publish_mb_s']:.1f}", f"({io['raw_put_mb_s']:.1f})", ""))
     rows.append(("publish / raw PUT", f"{io['publish_vs_raw']:.2f}", *verdict(result, "publish_vs_raw")))
+    rows.append(("  publish / raw PUT, the rounds' lowest and highest", f"{min(io['publish_vs_raw_rounds']):.2f}",
+                 f"{max(io['publish_vs_raw_rounds']):.2f}", ""))
     rows.append(("  publish / raw write-once PUT (If-None-Match)", f"{io['publish_vs_raw_write_once']:.2f}", "", ""))
+    rows.append(("  publish / raw PUT in one stream (no batches)", f"{io['publish_vs_raw_stream']:.2f}",
+                 f"({io['raw_stream_put_mb_s']:.1f} MB/s)", ""))
     rows.append(("read MB/s (raw GET MB/s)", f"{io['read_mb_s']:.1f}", f"({io['raw_get_mb_s']:.1f})", ""))
     rows.append(("read / raw GET", f"{io['read_vs_raw']:.2f}", *verdict(result, "read_vs_raw")))
+    rows.append(("  read / raw GET, the rounds' lowest and highest", f"{min(io['read_vs_raw_rounds']):.2f}",
+                 f"{max(io['read_vs_raw_rounds']):.2f}", ""))
+    rows.append(("  read / raw GET in one stream (no batches)", f"{io['read_vs_raw_stream']:.2f}",
+                 f"({io['raw_stream_get_mb_s']:.1f} MB/s)", ""))
     rows.append(("ms per page: publish, read", f"{io['publish_ms_per_page']:.2f}", f"{io['read_ms_per_page']:.2f}", ""))
     rows.append(("ms per object: raw PUT, GET", f"{io['raw_put_ms_per_object']:.2f}",
                  f"{io['raw_get_ms_per_object']:.2f}", ""))
     rows.append(("threads: upload, read (raw the same)", f"{io['upload_threads']}", f"{io['read_threads']}", ""))
+    rows.append(("pages per put and get (raw batches the same)", f"{io['io_batch_pages']}", "", ""))
     rows.append(("index lookup per request (ms)", f"{io['index_lookup_ms_per_request']:.2f}", "", ""))
     return "\n".join([result["setting"], "", *table_lines(rows, target_width=9), "", verdict_line(result)])
 
