@@ -20,7 +20,8 @@ from chunkstore import ChunkStore, ModelMismatchError, chain_pages
 from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
-from chunkstore.disk.store import CLAIM_HEAD_PAGES, COMMIT_TAIL_PAGES
+from chunkstore.disk.results import BucketListing, listing_of, listing_text
+from chunkstore.disk.store import COMMIT_TAIL_PAGES
 from chunkstore.testing.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
@@ -170,9 +171,11 @@ def test_the_sweeper_removes_what_dead_writers_left(open_server, chain, moto_s3,
     _wait_for(lambda: len(_objects(moto_s3, bucket_url)) == 5)
     time.sleep(0.6)
     assert len(sweeper.lapsed_claims()) == 4
+    assert sweeper.stats().shared.bucket is None  # no sweep has listed the bucket yet
     swept = sweeper.sweep(grace_s=3600)
     assert (swept.lapsed_claims, swept.objects_deleted) == (4, 4)
     assert _objects(moto_s3, bucket_url) == [sweeper.payloads.path_for(pages[5].key)]
+    assert (swept.listing.objects, swept.listing.orphans) == (1, 0)
     assert sweeper.lapsed_claims(now=time.time() + 3600) == []
     faults.hold_inserts.set()  # the stalled writer wakes: its claims were taken, it commits nothing
     thread.join(10)
@@ -180,7 +183,12 @@ def test_the_sweeper_removes_what_dead_writers_left(open_server, chain, moto_s3,
     # An orphan: an object with neither row nor claim. Young, it may be a put in flight; old, it goes.
     sweeper.payloads.publish([sweeper.payloads.stage(pages[4].key, [b"orphan"])])
     assert gc(sweeper).swept_objects == 0
-    assert sweeper.sweep(grace_s=0).objects_deleted == 1
+    # The listing is kept in the index: every server shows it, with the orphan left.
+    listing = dying.stats().shared.bucket
+    assert (listing.objects, listing.orphans, listing.listed_by) == (2, 1, sweeper.stats().shared.server_name)
+    swept = sweeper.sweep(grace_s=0)
+    assert swept.objects_deleted == 1 and (swept.listing.objects, swept.listing.orphans) == (1, 0)
+    assert dying.stats().shared.bucket == swept.listing
     assert _objects(moto_s3, bucket_url) == [sweeper.payloads.path_for(pages[5].key)]
     assert same_bytes(sweeper.get(pages[5:6])[0], tensors[5])
 
@@ -281,16 +289,18 @@ def test_a_long_put_commits_in_two_steps_and_keeps_the_first_when_the_second_fai
 
 
 def test_a_claim_refused_mid_put_fails_the_rest_and_publishes_what_it_claimed(open_server, identity):
-    """The first few keys are claimed alone (their uploads start at once); when the claim of the
-    rest is refused those pages fail, uploaded nowhere, and the first ones are published."""
-    pages, tensors = _long_chain(identity, CLAIM_HEAD_PAGES + 8)
-    keys = [p.key for p in pages]
+    """The first keys, one per write worker, are claimed alone (their uploads start at once); when
+    the claim of the rest is refused those pages fail, uploaded nowhere, and the first ones are
+    published."""
     faults = IndexFaults(claims_left=1)
     a = open_server("a", index_factory=faulty_index(faults))
+    head = a.num_workers
+    pages, tensors = _long_chain(identity, head + 8)
+    keys = [p.key for p in pages]
     result = a.put(pages, tensors)
-    assert result.stored == keys[:CLAIM_HEAD_PAGES] and list(result.failed) == keys[CLAIM_HEAD_PAGES:]
+    assert result.stored == keys[:head] and list(result.failed) == keys[head:]
     assert all("index unavailable" in why for why in result.failed.values())
-    assert len(_objects(open_server.s3, open_server.bucket_url)) == CLAIM_HEAD_PAGES
+    assert len(_objects(open_server.s3, open_server.bucket_url)) == head
     assert a.lapsed_claims(now=time.time() + 3600) == []
 
 
@@ -321,3 +331,12 @@ def test_a_claim_leaves_stored_keys_out_and_a_row_found_at_commit_is_not_counted
     assert indexes["b"].insert_claimed([dataclasses.replace(late, created_at=2.0)], b.writer_id) == {pages[1].key}
     assert a.chunk_rows([pages[1].key])[pages[1].key].created_at == 1.0  # the first row stays
     assert published() == before
+
+
+def test_a_bucket_listing_row_that_does_not_parse_is_shown_as_none():
+    """The listing is a figure kept as JSON in store_meta: a row another version or a person wrote
+    badly shows no listing (the next sweep writes it again) instead of failing the stats."""
+    listing = BucketListing(objects=3, orphans=1, listed_at=1.5, listed_by="host:1")
+    assert listing_of(listing_text(listing)) == listing
+    for bad in (None, "", "{", "[]", '{"objects": 3}', '{"objects": "x", "orphans": 0, "listed_at": 1, "listed_by": "h"}'):
+        assert listing_of(bad) is None, bad

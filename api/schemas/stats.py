@@ -113,6 +113,22 @@ class LocalCopyPublic(BaseModel):
                    evicted=s.evicted)
 
 
+class BucketListingPublic(BaseModel):
+    """The shared tier's bucket as the last sweep (a gc job, on any server) listed it: objects are
+    counted only by listing the bucket, so this is as old as that gc."""
+
+    objects: int = Field(description="chunk objects in the bucket once that sweep had deleted its orphans; "
+                                     "compare with the tier's chunks (rows)")
+    orphans: int = Field(description="of them, with neither row nor claim: too young to delete (an upload about "
+                                     "to be committed) or leaks the next sweep removes")
+    listed_at: float = Field(description="when the listing ended (unix seconds)")
+    listed_by: str = Field(description="the server that ran the sweep (host:pid)")
+
+    @classmethod
+    def of(cls, b) -> "BucketListingPublic":
+        return cls(objects=b.objects, orphans=b.orphans, listed_at=b.listed_at, listed_by=b.listed_by)
+
+
 class SharedTierPublic(BaseModel):
     """A shared tier (many servers on one PostgreSQL index and one bucket, docs/FLEET.md) as this
     server sees it; the disk figures beside it are the whole tier's."""
@@ -130,13 +146,16 @@ class SharedTierPublic(BaseModel):
     stale_after_s: float = Field(description="a server not seen for this long is shown stale")
     local_copy: LocalCopyPublic | None = Field(None, description="this server's local copy of what it read "
                                                                  "(none when local_cache_size is 0)")
+    bucket: BucketListingPublic | None = Field(None, description="the bucket as the last gc sweep listed it "
+                                                                 "(none before the first)")
 
     @classmethod
     def of(cls, s: SharedTierStats) -> "SharedTierPublic":
         return cls(payload_store=s.payload_store, index=s.index, writer_id=s.writer_id, server_name=s.server_name,
                    claims=s.claims, lapsed_claims=s.lapsed_claims, read_health=WriteHealthPublic.of(s.read_health),
                    servers=[ServerPublic.of(x) for x in s.servers], stale_after_s=SERVER_STALE_S,
-                   local_copy=LocalCopyPublic.of(s.local_copy) if s.local_copy is not None else None)
+                   local_copy=LocalCopyPublic.of(s.local_copy) if s.local_copy is not None else None,
+                   bucket=BucketListingPublic.of(s.bucket) if s.bucket is not None else None)
 
 
 class DiskPublic(BaseModel):

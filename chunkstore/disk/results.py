@@ -3,8 +3,9 @@ from the index's counters and per-namespace usage by ``store_stats``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from chunkstore.disk.index import NamespaceUsage, ServerCounts
@@ -44,11 +45,46 @@ class EvictResult:
 
 
 @dataclass(frozen=True, slots=True)
+class BucketListing:
+    """A shared tier's bucket as its last sweep listed it (ChunkStore.sweep keeps it in the index,
+    so every server of the tier shows it): objects are counted only by listing the bucket, which
+    no request can afford, so the figure is as old as the last gc."""
+
+    objects: int  # chunk objects in the bucket once the sweep had deleted what it deleted
+    orphans: int  # of them, with neither row nor claim: too young to delete (an upload about to be
+    #               committed), or leaks the next sweep removes; many that stay say a server leaks
+    listed_at: float  # when the listing ended (unix seconds)
+    listed_by: str  # the server that swept (host:pid)
+
+
+BUCKET_LISTING_META = "bucket_listing"  # the index's store_meta row that keeps the last BucketListing
+
+
+def listing_text(listing: BucketListing) -> str:
+    """``listing`` as the JSON text of its store_meta row."""
+    return json.dumps(asdict(listing), sort_keys=True)
+
+
+def listing_of(text: str | None) -> BucketListing | None:
+    """The BucketListing a store_meta row holds; None for none, or for one that does not parse (a
+    figure, not data: a bad row is shown as no listing, and the next sweep writes it again)."""
+    if text is None:
+        return None
+    try:
+        d = json.loads(text)
+        return BucketListing(objects=int(d["objects"]), orphans=int(d["orphans"]),
+                             listed_at=float(d["listed_at"]), listed_by=str(d["listed_by"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class SweepResult:
-    """What a shared tier's sweep removed (ChunkStore.sweep)."""
+    """What a shared tier's sweep removed (ChunkStore.sweep), and what its listing found."""
 
     lapsed_claims: int = 0  # claims of writers that died or stalled, taken over and dropped
     objects_deleted: int = 0  # objects without a row: a dead writer's uploads and old orphans
+    listing: BucketListing | None = None  # the bucket as the sweep left it (None: not a shared tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +149,7 @@ class SharedTierStats:
     server_name: str = ""  # this server's row among ``servers`` (host:pid; writer_id adds a part per store)
     servers: tuple[ServerStats, ...] = ()  # every server's counts (server_stats), this one first
     local_copy: LocalCopyStats | None = None  # this server's local copy of what it read (payload_cache.py)
+    bucket: BucketListing | None = None  # the bucket as the last sweep, by any server, listed it (None: never)
 
 
 @dataclass(frozen=True, slots=True)

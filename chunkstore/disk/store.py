@@ -53,10 +53,12 @@ from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
 from chunkstore.disk.index import (ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, NamespaceUsage, Victim, drop_index,
                                    sqlite_url)
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
+from chunkstore.disk.lanes import submit_all
 from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
-from chunkstore.disk.results import (STORE_WIDE, EvictResult, NamespaceStats, PutResult, ReadOnlyStoreError, StoreStats,
-                                     SharedTierStats, SweepResult, server_stats, store_stats)
+from chunkstore.disk.results import (BUCKET_LISTING_META, STORE_WIDE, BucketListing, EvictResult, NamespaceStats,
+                                     PutResult, ReadOnlyStoreError, SharedTierStats, StoreStats, SweepResult,
+                                     listing_of, listing_text, server_stats, store_stats)
 from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
                                           check_identity, make_private_once, read_identity, store_root,
                                           warn_if_not_private)
@@ -135,10 +137,9 @@ def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_
 # How long a shared tier's publish claim holds (index.claim): far longer than a batch's upload takes,
 # short enough that a dead writer's keys are published by another server soon after.
 CLAIM_TTL_S = 60.0
-# A shared tier's put pipelines its index work with its uploads (ChunkStore._put_shared): the first
-# claim is this small, so the uploads start after one short round trip, and the last commit this
-# small, so little of the commit is left once the uploads end.
-CLAIM_HEAD_PAGES = 8
+# A shared tier's put pipelines its index work with its uploads (ChunkStore._put_shared): its first
+# claim is of one page per write worker, so every upload thread starts after one short round trip,
+# and its last commit this small, so little of the commit is left once the uploads end.
 COMMIT_TAIL_PAGES = 32
 # A shared tier's uploads in flight at once (its write workers): an object store answers each PUT
 # after a round trip, so its throughput grows with them (on this project's test machine, 16
@@ -354,8 +355,8 @@ class ChunkStore:
 
     def _put_shared(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]], result: PutResult) -> PutResult:
         """A shared tier's put, pipelined so that its index round trips overlap its uploads: the
-        first CLAIM_HEAD_PAGES keys are claimed and their uploads started, the rest are claimed
-        while those upload; the rows are committed in two steps, all but the last
+        first keys, one per write worker, are claimed and their uploads started, the rest are
+        claimed while those upload; the rows are committed in two steps, all but the last
         COMMIT_TAIL_PAGES pages while those still upload. Each step keeps the publish protocol: a
         key is claimed before it is uploaded, and its row goes in only after its upload (a key
         another writer claims is skipped before any work, as a duplicate)."""
@@ -365,7 +366,7 @@ class ChunkStore:
         committed: list[bytes] = []
         quotas: dict[str, int | None] = {}  # each namespace's, read once for the put (both commits)
         try:
-            parts = (keys[:CLAIM_HEAD_PAGES], keys[CLAIM_HEAD_PAGES:])
+            parts = (keys[:self.num_workers], keys[self.num_workers:])
             for i, part in enumerate(parts):
                 won = {k: todo[k] for k in part}
                 if won and not self._claim(won, result):  # the index did not answer: those pages
@@ -393,7 +394,9 @@ class ChunkStore:
         return self._collect(self._submit(todo, task), todo, result)
 
     def _submit(self, todo, task) -> dict[bytes, Future]:
-        return {k: self._pool.submit(task, p, t) for k, (p, t) in todo.items()}
+        """``task(page, tensor)`` for every page on the worker pool, a future per page (lanes.py:
+        one submission per worker thread, not per page)."""
+        return dict(zip(todo, submit_all(self._pool, self.num_workers, task, list(todo.values()))))
 
     def _collect(self, futures: dict[bytes, Future], todo, result: PutResult) -> dict[bytes, tuple[Staged, int]]:
         """Wait for the pages' tasks: what was written, with each failure listed in ``result``."""
@@ -782,10 +785,13 @@ class ChunkStore:
         and the objects of their keys that have no row deleted; then every object with no row and
         no claim, last written over ``grace_s`` ago (an upload whose row is about to be committed
         is younger), is claimed and deleted. A key is claimed before its object goes, so no writer
-        uploads it meanwhile. Nothing to do for a store whose payloads only it writes."""
+        uploads it meanwhile. Nothing to do for a store whose payloads only it writes.
+
+        The listing's counts (BucketListing: the objects left, and of them those with neither row
+        nor claim) go into the index, where every server's stats find them."""
         if not self.shared:
             return SweepResult()
-        lapsed = objects = 0
+        lapsed = objects = listed = orphans = 0
         # No lock beyond the claims: each removal holds its key's claim, and a sweep that ran beside
         # another finds their keys claimed or gone.
         while stale := self._index.lapsed_claims(limit=_DROP_BATCH):
@@ -802,9 +808,15 @@ class ChunkStore:
                 stored = self._index.present(batch)
                 unclaimed = [k for k in batch if k not in stored and k not in self._index.claimed(batch)]
                 old = [k for k in unclaimed if (t := self.payloads.modified_at(k)) is not None and t < cutoff]
-                objects += self._delete_claimed(old)
+                deleted = self._delete_claimed(old)
+                objects += deleted
+                listed += len(batch) - deleted
+                orphans += len(unclaimed) - deleted
                 batch = []
-        return SweepResult(lapsed_claims=lapsed, objects_deleted=objects)
+        listing = BucketListing(objects=listed, orphans=orphans, listed_at=time.time(),
+                                listed_by=self._index.server_name)
+        self._index.set_meta(BUCKET_LISTING_META, listing_text(listing))
+        return SweepResult(lapsed_claims=lapsed, objects_deleted=objects, listing=listing)
 
     def lapsed_claims(self, now: float | None = None, limit: int = 1000) -> list[tuple[bytes, str]]:
         """A shared tier's publish claims past their expiry at ``now`` (default: now), as
@@ -1034,5 +1046,6 @@ class ChunkStore:
         shared = SharedTierStats(payload_store=self.payloads.shared_name, index=self._index.name,
                                  writer_id=self.writer_id, claims=claims, lapsed_claims=lapsed,
                                  read_health=self._reads.health(), server_name=self._index.server_name,
-                                 servers=servers, local_copy=self.payloads.local_copy_stats())
+                                 servers=servers, local_copy=self.payloads.local_copy_stats(),
+                                 bucket=listing_of(self._index.get_meta(BUCKET_LISTING_META)))
         return dataclasses.replace(stats, shared=shared)

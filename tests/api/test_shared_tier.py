@@ -122,12 +122,17 @@ def test_gc_sweeps_a_dead_writers_lapsed_claim_and_its_object(served):
     with client(url) as c:
         shared = c.get("/stats").json()["disk"]["shared_tier"]
         assert (shared["claims"], shared["lapsed_claims"]) == (1, 1)
+        assert shared["bucket"] is None  # objects are counted only by a sweep's listing
+        began = time.time()
         job = job_done(c, c.post("/jobs/gc").json()["id"])
         r = job["result"]
         assert (r["lapsed_claims"], r["swept_objects"], r["evicted_chunks"]) == (1, 1, 0)
         shared = c.get("/stats").json()["disk"]["shared_tier"]
         assert (shared["claims"], shared["lapsed_claims"]) == (0, 0)
         assert len(tier.objects()) == len(pages) + len(other)  # the rows' objects all stay
+        bucket = shared["bucket"]  # the listing as the sweep left the bucket: one object per row
+        assert (bucket["objects"], bucket["orphans"]) == (len(pages) + len(other), 0)
+        assert began <= bucket["listed_at"] <= time.time() and bucket["listed_by"] == shared["server_name"]
         # Evicting down to a size through gc deletes rows, then objects, across the whole tier.
         stored = c.get("/stats").json()["disk"]["stored_bytes"]
         job = job_done(c, c.post("/jobs/gc", json={"disk_size_bytes": stored // 2}).json()["id"])

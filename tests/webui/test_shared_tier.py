@@ -51,6 +51,7 @@ def test_the_overview_shows_the_shared_tier_and_its_servers(browser, tier):
                     assert (f["Bucket"], f["Database"]) == (tier.bucket_url, display_url(tier.index_url))
                     assert (f["This server"], f["Writer id"]) == (shared.server_name, shared.writer_id)
                     assert (f["Publish claims"], f["Read health"]) == ("1 held, 1 lapsed", "OK")
+                    assert f["Bucket objects"].startswith("not listed yet: a gc job")
                     assert f["Tier"].startswith("8 chunks, ")  # the whole tier's rows
                     assert page.is_visible("#shared-claims-note") and "gc job" in page.inner_text("#shared-claims-note")
                     assert page.is_hidden("#shared-read-warning")
@@ -82,6 +83,12 @@ def test_the_overview_shows_the_shared_tier_and_its_servers(browser, tier):
                     return row && row.cells[2].textContent === "9";
                 }""")
                 assert _cells(page, "server-b")["hit rate"] == "81.8 %"  # 9 of 11
+                # A sweep on server a lists the bucket: the figure follows, for every server.
+                with tier.store("server-a") as a:
+                    a.sweep(grace_s=3600)  # (the lapsed claim's key has no object: nothing to delete)
+                page.wait_for_function("""() => [...document.querySelectorAll('#shared-figures dt')]
+                    .some((dt) => dt.textContent === "Bucket objects" && /by server-a/.test(dt.nextElementSibling.textContent))""")
+                assert _figures(page)["Bucket objects"].startswith("8, as of ")  # one object per row
                 assert not d.errors, d.errors
             finally:
                 d.close()

@@ -1,7 +1,8 @@
 // The overview's shared tier (disk.shared_tier of GET /stats: many servers on one PostgreSQL index and one
-// bucket): where the tier is, this server's names in it, the publish claims held and lapsed, this server's
-// read health, and every server's counts (hits, misses, hit rate, published, last seen; this one first, then
-// the most recently seen). Shown only when the API reports a shared tier; follows the live figures.
+// bucket): where the tier is, this server's names in it, the publish claims held and lapsed, the bucket's
+// objects as the last gc listed them, this server's read health, and every server's counts (hits, misses,
+// hit rate, published, last seen; this one first, then the most recently seen). Shown only when the API
+// reports a shared tier; follows the live figures.
 
 import {bytes, dl, fill, h, num, pct, seconds, table, when} from "../dom.js";
 
@@ -32,6 +33,14 @@ function serverTable(shared, takenAt) {
     trs[i].dataset.state = serverState(s);
   });
   return wrap;
+}
+
+// The bucket's objects as the last gc sweep listed them (a request never lists the bucket).
+function bucketObjects(b, takenAt) {
+  if (!b) return "not listed yet: a gc job (Controls) lists the bucket";
+  const age = Math.max(0, takenAt - b.listed_at);
+  const orphans = b.orphans ? `, ${num(b.orphans)} without a row` : "";
+  return `${num(b.objects)}${orphans}, as of ${when(b.listed_at)} (${seconds(age)} ago, by ${b.listed_by})`;
 }
 
 /** The shared tier's section of the overview: ``render(stats)`` shows it (or hides it without a shared tier). */
@@ -66,6 +75,7 @@ export function createSharedTier() {
       ["This server", h("code", {}, shared.server_name)],
       ["Writer id", h("code", {}, shared.writer_id)],
       ["Publish claims", `${num(shared.claims)} held, ${num(shared.lapsed_claims)} lapsed`],
+      ["Bucket objects", bucketObjects(shared.bucket, st.taken_at)],
       ["Read health", rh.degraded ? `degraded (${num(rh.failures)} failed)`
         : rh.failures ? `OK (${num(rh.failures)} failed before the last success)` : "OK"],
     ], {class: "kpis", id: "shared-figures"}));
