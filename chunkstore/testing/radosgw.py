@@ -29,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -399,7 +400,7 @@ class RadosGateway(S3Endpoint):
             if process.poll() is not None:
                 errors = error_lines(logs[name], self._log_starts.get(name, 0))
                 raise RadosGatewayError(
-                    f"{name} (PID {process.pid}) exited with {process.returncode} during start-up; "
+                    f"{name} (PID {process.pid}) exited with {exit_meaning(process.returncode)} during start-up; "
                     f"see {logs[name]}; its errors:\n{errors}\nthe log's end:\n{log_tail(logs[name])}")
 
     def _tool(self, deadline: float, tool: str, *args: str) -> None:
@@ -494,6 +495,14 @@ rgw_exit_timeout_secs = 5
 rgw_gc_obj_min_wait = 60
 rgw_gc_processor_period = 60
 """
+
+
+def exit_meaning(returncode: int) -> str:
+    """A daemon's exit status, with the errno it names: Ceph's daemons exit with the error that
+    stopped them (radosgw with 98, EADDRINUSE, for a taken port), and may exit before their log
+    thread has written the line that says so."""
+    name = errno.errorcode.get(returncode) if returncode > 1 else None
+    return f"{returncode} ({name}: {os.strerror(returncode)})" if name else str(returncode)
 
 
 def error_lines(path: Path, offset: int, max_lines: int = MAX_ERROR_LINES) -> str:

@@ -113,8 +113,11 @@ def test_flush_cache_writes_down_then_empties_memory(served):
 
 
 def test_flush_cache_refused_while_a_request_is_in_flight(served):
+    # Long enough (about 10 s here, more on a busy machine) that it is still running when the flush
+    # is asked (400 tokens took 2 s, and a loaded CI machine once finished them first); leaving the
+    # stream cancels the rest.
     body = {"text": "in flight: " + STORY, "stream": True,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": 400, "ignore_eos": True}}
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 2000, "ignore_eos": True}}
     with served.client.stream("POST", "/generate", json=body) as response:
         next(response.iter_lines())  # the first event: the request is running
         reply = served.client.post("/flush_cache")

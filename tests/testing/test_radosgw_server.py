@@ -23,6 +23,7 @@ from chunkstore.testing.radosgw import (
     RadosGatewayError,
     RadosGatewayNotInstalled,
     error_lines,
+    exit_meaning,
 )
 
 LOOPBACK_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it
@@ -196,8 +197,16 @@ def test_a_taken_port_fails_fast_naming_the_log_and_stops_the_rest(installed, tm
         assert time.monotonic() - began < 60  # it saw radosgw exit, it did not wait out the bound
     message = str(raised.value)
     assert str(gateway.gateway_log_path) in message
-    assert "failed to bind address" in message and "Address already in use" in message
+    # radosgw's own line when its log thread wrote it before the exit (not always), and its exit
+    # status read as the errno it is either way.
+    assert "exited with 98 (EADDRINUSE: Address already in use)" in message
     assert gateway.pids == {} and gateway._scratch is None
+
+
+def test_an_exit_status_is_read_as_the_errno_it_names():
+    assert exit_meaning(98) == "98 (EADDRINUSE: Address already in use)"  # radosgw's for a taken port
+    assert exit_meaning(1) == "1" and exit_meaning(-9) == "-9"  # a plain failure, a signal: no errno
+    assert exit_meaning(100000) == "100000"
 
 
 def test_error_lines_quotes_the_last_launch_only_and_not_a_crash_dump(tmp_path):
