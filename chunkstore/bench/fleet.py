@@ -186,10 +186,10 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
         # the store's own (its write workers upload, its io threads read), in the same batches of
         # IO_BATCH_PAGES (each batch done before the next starts, as a put or a get returns); a
         # ratio is the median of the rounds' own (an object store on a busy machine drifts within
-        # a run, and a round's raw and store requests run seconds apart). Two
-        # more raw figures show where a gap comes from: the write-once PUT (If-None-Match: *) that
-        # the publish protocol asks for, the object store's own price for it; and all the pages in
-        # one stream, with no batch boundaries (no drain of the threads between batches).
+        # a run, and a round's raw and store requests run seconds apart). Two more raw figures
+        # show where a gap comes from: the write-once PUT (If-None-Match: *) that the publish
+        # protocol asks for, the object store's own price for it; and all the pages in one stream,
+        # with no batch boundaries (no drain of the threads between batches).
         raw_put_s, put_s, raw_once_s, stream_put_s = [], [], [], []
         for pages in rounds:
             raw_put_s.append(raw.put(store.num_workers, batch=IO_BATCH_PAGES))
