@@ -104,3 +104,31 @@ def test_rebuild_re_indexes_the_chunk_files(tmp_path, identity, postgres_url):
         assert store.longest_prefix([p.key for p in pages]) == len(pages)
         out = [torch.empty_like(t) for t in kv]
         assert all(store.get_into(pages, out)) and all(torch.equal(a, b) for a, b in zip(out, kv))
+
+
+def test_one_statement_lookups_leave_the_pool_transactional(postgres_url):
+    """Lookups, claims and row commits run their one statement in autocommit (a round trip, not
+    three); the connections they used go back to the pool as they came, so a transaction on any
+    of them still commits or rolls back as a whole."""
+    index = ChunkIndex(postgres_url)
+    try:
+        keys = [bytes([i]) * 32 for i in range(4)]
+        for _ in range(20):
+            index.present(keys)
+            index.quota("ns")
+        assert index.claim(keys, "w", 60.0) == set(keys)
+        rows = [ChunkRow(k, b"\0" * 32, "ns", 4, 10, 10, 1.0, 1.0) for k in keys]
+        assert index.insert_claimed(rows, "w") == set(keys)
+        assert index.present(keys) == set(keys)
+        pooled = [index.engine.connect() for _ in range(16)]  # every connection the pool may hold
+        try:
+            assert not any(c.connection.driver_connection.autocommit for c in pooled)
+            with pooled[0].begin() as tx:
+                pooled[0].exec_driver_sql("DELETE FROM chunks")
+                tx.rollback()
+        finally:
+            for c in pooled:
+                c.close()
+        assert index.present(keys) == set(keys)
+    finally:
+        index.close()
