@@ -18,7 +18,7 @@ import pytest
 
 from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.maintenance import verify
-from chunkstore.disk.page_io import encode_page
+from chunkstore.disk.page_io import encode_page, page_tensor_bytes
 from chunkstore.testing import crash_soak as soak
 from tests.helpers.shared import Bucket, wait_for
 from tests.helpers.shared_soak import ForkServer, Tier, run_shared_cycles, soak_writer
@@ -114,8 +114,8 @@ def test_the_checker_catches_wrong_bytes_on_a_shared_tier(tmp_path, tier, bucket
     with tier.open(tmp_path / "checker") as store:
         assert soak.check_store(store) == []
         victim = next(p for p in soak.all_pages() if store.exists([p.key])[0])
-        segments, _ = encode_page(victim, soak.expected_page(victim.key) + 1, store.identity, store.codec,
-                                  store.zstd_level)
+        other_kv = page_tensor_bytes(soak.expected_page(victim.key) + 1)
+        segments, _ = encode_page(victim, other_kv, store.identity, store.codec, store.zstd_level)
         bucket.write(victim.key, b"".join(bytes(s) for s in segments))
         problems = soak.check_store(store)
         assert any("WRONG BYTES" in p and victim.key.hex() in p for p in problems)

@@ -14,7 +14,7 @@ import torch
 from chunkstore import ChunkStore, Codec, ModelIdentity, ModelMismatchError, chain_pages
 from chunkstore.disk.files import ChunkFiles
 from chunkstore.disk.maintenance import evict_bytes
-from chunkstore.disk.page_io import TORCH_DTYPES
+from chunkstore.disk.page_io import TORCH_DTYPES, page_arrays, page_tensor_bytes
 from chunkstore.testing.faults import FaultyPayloads
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
@@ -45,6 +45,14 @@ def test_round_trip_every_dtype_and_codec(tmp_path, dtype, codec):
         assert s.put(pages, tensors).ok
         got = s.get(pages)
     assert all(same_bytes(a, b) for a, b in zip(got, tensors))
+
+
+def test_page_arrays_are_views_of_cpu_pages(chain):
+    _, tensors = chain
+    arrays = page_arrays(tensors)
+    for t, a in zip(tensors, arrays):
+        assert a.ctypes.data == t.data_ptr()  # no copy of a page in host memory
+        assert bytes(a) == bytes(page_tensor_bytes(t.clone()))
 
 
 def test_persistence_in_a_new_process(tmp_path, identity, chain):

@@ -26,6 +26,15 @@ def test_put_from_and_load_into_cuda_tensors(tmp_path, identity, chain):
         assert all(o.is_cuda and same_bytes(o.cpu(), t) for o, t in zip(outs, tensors))
 
 
+def test_put_of_pages_on_the_device_and_in_host_memory_at_once(tmp_path, identity, chain):
+    pages, tensors = chain  # (the device pages of one put come over in one copy; mixed, one each)
+    mixed = [t.cuda() if i % 2 else t for i, t in enumerate(tensors)]
+    with ChunkStore(tmp_path, identity) as store:
+        assert store.put(pages, mixed).ok
+        got = store.get(pages)
+        assert all(same_bytes(g, t) for g, t in zip(got, tensors))
+
+
 def test_a_corrupt_chunk_never_reaches_a_cuda_destination(tmp_path, identity, chain):
     pages, tensors = chain
     with ChunkStore(tmp_path, identity) as store:

@@ -256,9 +256,9 @@ def _timed_gets(store, pages, outs) -> float:
 
 def _stored_size(store, identity, page, tensor) -> int:
     """The bytes of one page's object (header and planes, codec off): the raw objects' size."""
-    from chunkstore.disk.page_io import encode_page
+    from chunkstore.disk.page_io import encode_page, page_tensor_bytes
 
-    return encode_page(page, tensor, identity, store.codec, store.zstd_level)[1]
+    return encode_page(page, page_tensor_bytes(tensor), identity, store.codec, store.zstd_level)[1]
 
 
 class _RawObjects:

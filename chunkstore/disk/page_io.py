@@ -64,11 +64,24 @@ def page_tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return t.contiguous().view(torch.uint8).reshape(-1).numpy()
 
 
-def encode_page(page: PageRef, tensor: torch.Tensor, identity: ModelIdentity, codec: Codec,
+def page_arrays(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    """The bytes of each page (``page_tensor_bytes``), taken on the calling thread in one pass
+    before the pages go to a pool: each torch call drops and retakes the GIL, and a put's 16
+    upload threads doing so for their own pages convoyed on it (0.50 against 0.44 ms of CPU per
+    page, measured in one process). Pages that all live on one device come over in one copy."""
+    import torch
+
+    devices = {t.device for t in tensors}
+    if len(devices) == 1 and next(iter(devices)).type != "cpu":
+        return [page_tensor_bytes(t) for t in torch.stack([t.detach() for t in tensors]).to("cpu")]
+    return [page_tensor_bytes(t) for t in tensors]
+
+
+def encode_page(page: PageRef, raw: np.ndarray, identity: ModelIdentity, codec: Codec,
                 zstd_level: int | None) -> tuple[list[bytes | memoryview], int]:
     """The segments of the chunk file of ``page`` (header, then the encoded planes) and their
-    total size in bytes."""
-    raw = page_tensor_bytes(tensor)
+    total size in bytes; ``raw`` is the page's bytes (``page_tensor_bytes``). The segments may
+    alias ``raw``."""
     payload = encode(raw, identity.itemsize, codec, zstd_level)
     header = make_header(page.key, page.parent_key, page.namespace, page.token_ids,
                          identity.kv_dtype, identity.page_shape, codec, raw, payload)

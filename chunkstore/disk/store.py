@@ -54,7 +54,7 @@ from chunkstore.disk.index import (ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow,
                                    sqlite_url)
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.lanes import submit_all
-from chunkstore.disk.page_io import PageLoader, encode_page, torch_dtypes
+from chunkstore.disk.page_io import PageLoader, encode_page, page_arrays, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
 from chunkstore.disk.results import (BUCKET_LISTING_META, STORE_WIDE, BucketListing, EvictResult, NamespaceStats,
                                      PutResult, ReadOnlyStoreError, SharedTierStats, StoreStats, SweepResult,
@@ -315,8 +315,8 @@ class ChunkStore:
         if page_key(page.parent_key, encode_tokens(page.token_ids)) != page.key:
             raise ValueError(f"key {page.key.hex()} is not the hash of its parent key and tokens")
 
-    def _encode_and_stage(self, page: PageRef, tensor: torch.Tensor) -> tuple[Staged, int]:
-        segments, size = encode_page(page, tensor, self.identity, self.codec, self.zstd_level)
+    def _encode_and_stage(self, page: PageRef, raw: np.ndarray) -> tuple[Staged, int]:
+        segments, size = encode_page(page, raw, self.identity, self.codec, self.zstd_level)
         return self.payloads.stage(page.key, segments), size
 
     @_mutation
@@ -339,8 +339,8 @@ class ChunkStore:
                 result.failed[p.key] = f"write failed: index unavailable: {exc.orig}"
             self._writes.failed("index lookup", exc, num_pages=len(pages))
             return result
-        todo: dict[bytes, tuple[PageRef, torch.Tensor]] = {}
-        for p, t in zip(pages, tensors):
+        todo: dict[bytes, tuple[PageRef, np.ndarray]] = {}
+        for p, t in zip(pages, page_arrays(tensors)):
             if p.key in present or p.key in todo:
                 result.deduplicated.append(p.key)
                 self._index.count_event(p.namespace, "dedup_hits")
@@ -353,7 +353,7 @@ class ChunkStore:
             return result
         return self._put_shared(todo, result)
 
-    def _put_shared(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]], result: PutResult) -> PutResult:
+    def _put_shared(self, todo: dict[bytes, tuple[PageRef, np.ndarray]], result: PutResult) -> PutResult:
         """A shared tier's put, pipelined so that its index round trips overlap its uploads: the
         first keys, one per write worker, are claimed and their uploads started, the rest are
         claimed while those upload; the rows are committed in two steps, all but the last
@@ -394,7 +394,7 @@ class ChunkStore:
         return self._collect(self._submit(todo, task), todo, result)
 
     def _submit(self, todo, task) -> dict[bytes, Future]:
-        """``task(page, tensor)`` for every page on the worker pool, a future per page (lanes.py:
+        """``task(page, raw)`` for every page on the worker pool, a future per page (lanes.py:
         one submission per worker thread, not per page)."""
         return dict(zip(todo, submit_all(self._pool, self.num_workers, task, list(todo.values()))))
 
@@ -416,13 +416,13 @@ class ChunkStore:
             raise
         return written
 
-    def _encode_and_upload(self, page: PageRef, tensor: torch.Tensor) -> tuple[Staged, int]:
+    def _encode_and_upload(self, page: PageRef, raw: np.ndarray) -> tuple[Staged, int]:
         """A shared tier's page, claimed: encoded, then uploaded write-once (not yet indexed)."""
-        staged, size = self._encode_and_stage(page, tensor)
+        staged, size = self._encode_and_stage(page, raw)
         self.payloads.publish([staged])
         return staged, size
 
-    def _publish(self, todo: dict[bytes, tuple[PageRef, torch.Tensor]],
+    def _publish(self, todo: dict[bytes, tuple[PageRef, np.ndarray]],
                  written: dict[bytes, tuple[Staged, int]], result: PutResult,
                  quotas: dict[str, int | None] | None = None) -> list[bytes]:
         """Make room, publish (a folder: rename; a shared tier's pages are uploaded already), then
