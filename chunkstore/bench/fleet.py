@@ -40,7 +40,7 @@ CONFIGS = ("one-server", "private-tiers", "shared-tier")
 IO_BATCH_PAGES = 128  # pages per put and per get of the publish and read measurement (the cache reads so),
 # and per batch of the raw requests they are compared with
 IO_WARM_PAGES = 16  # pages put and read before the measurement (its connections open)
-IO_ROUNDS = 5  # rounds of the raw requests and of the store's, alternating; a ratio is the median of the rounds'
+IO_ROUNDS = 9  # rounds of the raw requests and of the store's, alternating; a ratio is the median of the rounds'
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +191,12 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
         # protocol asks for, the object store's own price for it; and all the pages in one stream,
         # with no batch boundaries (no drain of the threads between batches).
         raw_put_s, put_s, raw_once_s, stream_put_s = [], [], [], []
-        for pages in rounds:
+        for i, pages in enumerate(rounds):
+            if i % 2:  # every other round the store goes first (an object store slows as it fills)
+                put_s.append(_timed_puts(store, pages, tensors))
             raw_put_s.append(raw.put(store.num_workers, batch=IO_BATCH_PAGES))
-            put_s.append(_timed_puts(store, pages, tensors))
+            if not i % 2:
+                put_s.append(_timed_puts(store, pages, tensors))
             raw_once_s.append(raw.put(store.num_workers, write_once=True, batch=IO_BATCH_PAGES))
             stream_put_s.append(raw.put(store.num_workers))
         outs = [torch.empty(identity.page_shape, dtype=tensors[0].dtype) for _ in range(cfg.io_pages)]
