@@ -17,7 +17,7 @@ from chunkstore.disk.files import ChunkFiles, Durability
 from chunkstore.disk.maintenance import check_file, evict_bytes, verify
 from chunkstore.disk.store import ChunkStore, StoreBusyError
 from chunkstore.testing import crash_soak as soak
-from chunkstore.testing.faults import FaultyPayloads
+from tests.helpers.faults import FaultyPayloads
 from tests.helpers.races import (checked_read, guarded, lose_the_read_race, one_page, race_a_damaged_read, random_chain,
                                  read_buffers, run_threads, store_again_meanwhile)
 

@@ -78,7 +78,7 @@ def test_killed_writer_leaves_temps_that_open_removes(tmp_path):
         from chunkstore.testing import crash_soak as soak
         from chunkstore.disk.files import ChunkFiles, Durability
         from chunkstore.disk.store import ChunkStore
-        from chunkstore.testing.faults import FaultyPayloads
+        from tests.helpers.faults import FaultyPayloads
         payloads = FaultyPayloads(ChunkFiles(sys.argv[1], Durability.NONE))
         store = ChunkStore(sys.argv[1], soak.SOAK_IDENTITY, num_workers=2, payloads=payloads)
         def hang(key):  # every temp file is complete, none is published yet

@@ -18,7 +18,7 @@ import sqlalchemy.exc
 import chunkstore.disk.files as files_mod
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk.maintenance import evict_bytes
-from chunkstore.testing.faults import IndexFaults, faulty_index
+from tests.helpers.faults import IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.fullfs import fill, small_tmpfs
 from tests.helpers import kv_pages

@@ -35,6 +35,7 @@ def test_the_api_and_the_dashboard_install_under_chunkstore(wheel_names):
     names = set(wheel_names)
     assert {"chunkstore/api/__init__.py", "chunkstore/api/app.py", "chunkstore/api/routers/chunks.py",
             "chunkstore/disk/store.py", "chunkstore/webui/index.html"} <= names
-    source_modules = {str(p.relative_to(REPO / "api")) for p in (REPO / "api").rglob("*.py")}
+    api = REPO / "chunkstore" / "api"
+    source_modules = {str(p.relative_to(api)) for p in api.rglob("*.py")}
     assert {f"chunkstore/api/{m}" for m in source_modules} <= names, "an api module is missing from the wheel"
     assert any(n.endswith(".data/data/share/chunkstore/alembic/env.py") for n in names)

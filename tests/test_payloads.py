@@ -18,7 +18,7 @@ from chunkstore.disk.maintenance import rebuild, verify
 from chunkstore.disk.objects import ObjectPayloads
 from chunkstore.disk.payload_cache import CachedPayloads
 from chunkstore.disk.payloads import PayloadStore, aligned_size
-from chunkstore.testing.faults import FaultyPayloads
+from tests.helpers.faults import FaultyPayloads
 from chunkstore.testing.tensors import same_bytes
 
 KEYS = [bytes([i]) * 32 for i in range(1, 5)]

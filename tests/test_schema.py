@@ -1,5 +1,5 @@
 """The alembic migrations describe the same database as chunkstore/disk/schema.py (the disk tier's
-tables) and api/history_schema.py (the management API's own table) together, the disk tier's schema
+tables) and chunkstore/api/history_schema.py (the management API's own table) together, the disk tier's schema
 holds none of the API's tables, and the usage triggers keep per-namespace totals equal to the rows."""
 
 from __future__ import annotations

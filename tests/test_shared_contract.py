@@ -35,7 +35,7 @@ from chunkstore.disk.maintenance import check_file, evict_bytes, rebuild, verify
 from chunkstore.disk.page_io import max_payload_bytes
 from chunkstore.disk.store import StoreBusyError
 from chunkstore.testing import crash_soak as soak
-from chunkstore.testing.faults import FaultyPayloads, IndexFaults, faulty_index
+from tests.helpers.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import TINY, kv_pages
 from tests.helpers.races import (checked_read, guarded, lose_the_read_race, one_page, race_a_damaged_read, random_chain,

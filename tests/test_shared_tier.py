@@ -22,7 +22,7 @@ from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
 from chunkstore.disk.results import BucketListing, listing_of, listing_text
 from chunkstore.disk.store import COMMIT_TAIL_PAGES
-from chunkstore.testing.faults import FaultyPayloads, IndexFaults, faulty_index
+from tests.helpers.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
 

@@ -15,7 +15,7 @@ from chunkstore import ChunkStore, Codec, ModelIdentity, ModelMismatchError, cha
 from chunkstore.disk.files import ChunkFiles
 from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.disk.page_io import TORCH_DTYPES, page_arrays, page_tensor_bytes
-from chunkstore.testing.faults import FaultyPayloads
+from tests.helpers.faults import FaultyPayloads
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages
 

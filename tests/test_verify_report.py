@@ -37,7 +37,7 @@ _WRITER = """
     from chunkstore.disk.files import ChunkFiles, Durability
     from chunkstore.disk.store import ChunkStore
     from chunkstore.disk.index import ChunkIndex
-    from chunkstore.testing.faults import FaultyPayloads
+    from tests.helpers.faults import FaultyPayloads
     def hang(*args, **kwargs):
         print("hung", flush=True)
         time.sleep(600)

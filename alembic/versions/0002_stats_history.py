@@ -1,4 +1,4 @@
-"""The management API's stats history: one row per sample, bounded by its writer (api/history.py).
+"""The management API's stats history: one row per sample, bounded by its writer (chunkstore/api/history.py).
 
 Revision ID: 0002
 Revises: 0001

@@ -1,5 +1,5 @@
 """The stats history gains a server key: on a shared tier (many servers on one PostgreSQL index)
-each server writes, reads and trims only its own samples (api/history.py). The key outlives a
+each server writes, reads and trims only its own samples (chunkstore/api/history.py). The key outlives a
 restart (the host name and the server's store folder), so a server's history stays continuous.
 
 Existing rows get '', the key of a store of its own (SQLite, one server), so such a store keeps its

@@ -4,7 +4,7 @@ Invariant: these definitions match the newest migration; tests/test_schema.py co
 Per-namespace usage is kept by triggers on ``chunks`` (SQLite's, or PL/pgSQL on PostgreSQL), so it
 can never drift from the rows.
 Only the disk tier's tables are here: the index file also holds the management API's own
-``stats_history`` (api/history_schema.py, its own migrations in the same alembic history).
+``stats_history`` (chunkstore/api/history_schema.py, its own migrations in the same alembic history).
 """
 
 from __future__ import annotations

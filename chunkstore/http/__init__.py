@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by the server (chunkstore/server/) and the management API (api/).
+"""HTTP plumbing shared by the server (chunkstore/server/) and the management API (chunkstore/api/).
 
 Each module owns one rule both apps apply: ``hosts`` (Host parsing and the loopback rule),
 ``body_limit`` (413), ``bearer`` (the Authorization header and constant-time token digests),

@@ -1,6 +1,6 @@
 """BodyLimitMiddleware: refuse request bodies over a size (413), before or while they are read.
 
-Shared by the server (chunkstore/server/) and the management API (api/), each with its own error
+Shared by the server (chunkstore/server/) and the management API (chunkstore/api/), each with its own error
 shape. Invariants: a request that declares a larger Content-Length gets 413 before any of its body
 reaches the app (a declared body up to ``DRAIN_MAX_BYTES`` is read and dropped first, a chunk at a
 time: a client still sending when the answer comes would otherwise see its connection reset and lose

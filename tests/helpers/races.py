@@ -14,7 +14,7 @@ from chunkstore.disk.keys import PageRef
 from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.disk.store import ChunkStore
 from chunkstore.testing import crash_soak as soak
-from chunkstore.testing.faults import FaultyPayloads
+from tests.helpers.faults import FaultyPayloads
 
 # (namespace, first page) subtrees of the soak key space.
 SUBTREES = [(ns, d) for ns in soak.NAMESPACES for d in range(soak.BRANCHING)]

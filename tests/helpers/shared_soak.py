@@ -90,7 +90,7 @@ def soak_writer(folder: str, tier: dict, seed: int, *, claim_ttl_s: float = 0.3,
 def stall_writer(folder: str, tier: dict, digits: list[int], claim_ttl_s: float = 0.5) -> int:
     """A put of ``chain_for("default", digits)`` whose uploads go through and whose rows wait for
     ever (an index whose inserts are held): the parent kills it there."""
-    from chunkstore.testing.faults import IndexFaults, faulty_index
+    from tests.helpers.faults import IndexFaults, faulty_index
 
     faults = IndexFaults(hold_inserts=threading.Event())  # never set
     store = Tier(**tier).open(folder, claim_ttl_s=claim_ttl_s, num_workers=2, index_factory=faulty_index(faults))
@@ -122,7 +122,7 @@ def serve_forks() -> int:
 
     import chunkstore.disk.maintenance  # noqa: F401
     import chunkstore.disk.objects  # noqa: F401
-    import chunkstore.testing.faults  # noqa: F401
+    import tests.helpers.faults  # noqa: F401
 
     print("ready", flush=True)
     return soak.serve_fork_requests(lambda req: JOBS[req["job"]](**req["kwargs"]))

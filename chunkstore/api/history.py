@@ -1,5 +1,5 @@
 """The stats history: samples of the cache's figures, in the API's own table of the store's index
-file (api/history_schema.py), so they survive restarts.
+file (chunkstore/api/history_schema.py), so they survive restarts.
 
 Invariants: rows are written only through the store's side-table transaction, under its writer
 lock (one writer, as every index write); every row carries the key of the server that wrote it

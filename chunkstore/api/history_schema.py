@@ -1,6 +1,6 @@
 """The stats history table: the management API's own table, kept in the store's index file.
 
-Invariants: the API alone reads and writes it (api/history.py, through ChunkStore's side-table
+Invariants: the API alone reads and writes it (chunkstore/api/history.py, through ChunkStore's side-table
 connections), the disk tier never does; its migrations (alembic/versions/0002, 0003, 0007) are its own,
 in the index's one linear alembic history; these definitions match the newest of them
 (tests/test_schema.py compares them). Imports nothing but SQLAlchemy, so alembic's env.py can load it.
@@ -15,10 +15,10 @@ WideInteger = Integer().with_variant(BigInteger(), "postgresql")
 
 metadata = MetaData()
 
-# One row per sample of the cache's figures (api/history.py writes and bounds it). Memory-tier and
+# One row per sample of the cache's figures (chunkstore/api/history.py writes and bounds it). Memory-tier and
 # lookup columns are NULL for an offline store. Counters are cumulative since ``uptime_s`` began,
 # so a restart shows as an uptime that went down. ``server`` (migration 0007) is the key of the server
-# that took the sample (api/history.py: '' for a store of its own): on a shared tier every server
+# that took the sample (chunkstore/api/history.py: '' for a store of its own): on a shared tier every server
 # writes, reads and trims only its own rows.
 STATS_HISTORY_FIGURES = (
     "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-# Beside the api folder in a checkout (webui/), and beside the installed chunkstore.api (chunkstore/webui/).
+# The chunkstore.webui package, beside this one.
 WEBUI_DIR = Path(__file__).resolve().parent.parent / "webui"
 ASSETS_PATH = "/webui"
 
