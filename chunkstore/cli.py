@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import importlib
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,9 +25,8 @@ from typing import Any
 
 from chunkstore import __version__
 from chunkstore.output import add_json_flag
-from chunkstore.sizes import argparse_type, parse_bytes, positive_gb
-
-DEFAULT_DATA_DIR = "chunkstore-data"
+from chunkstore.sizes import argparse_type, parse_bytes, positive_gb_as_bytes
+from chunkstore.store_flags import add_store_flags
 
 
 class CliError(Exception):
@@ -36,7 +34,7 @@ class CliError(Exception):
 
 
 parse_size_bytes = argparse_type(parse_bytes)  # '500MB', '2GiB', '1048576' (chunkstore/sizes.py)
-_positive_gb = argparse_type(positive_gb)  # --disk-size: GB, or a size such as 500GB
+_gb_as_bytes = argparse_type(positive_gb_as_bytes)  # --disk-size: GB, or a size such as 500GB
 
 
 def _jsonable(obj: Any) -> Any:
@@ -69,10 +67,10 @@ def _progress(total: int | None, desc: str):
 def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = False):
     from sqlalchemy.exc import DatabaseError
 
-    from chunkstore.disk.files import Durability
     from chunkstore.disk.identity import ModelMismatchError
     from chunkstore.disk.index import IndexMissingError
-    from chunkstore.disk.store import ChunkStore, StoreBusyError, read_identity
+    from chunkstore.disk.store import StoreBusyError, read_identity
+    from chunkstore.disk.store_spec import StoreSpec, open_store
 
     root = Path(args.disk_path)
     try:
@@ -81,16 +79,11 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
         raise CliError(f"{root / 'store.json'} is unreadable: {exc}") from None
     if identity is None:
         raise CliError(f"no chunk store at {root} (no store.json); check --disk-path")
-    capacity = int(args.disk_size * 1e9) if getattr(args, "disk_size", None) else None
+    disk_size_bytes = getattr(args, "disk_size_bytes", None)
     try:
-        payloads = None
-        if args.object_store:
-            from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
-
-            payloads = ObjectPayloads(ObjectStoreConfig(args.object_store))
-        return ChunkStore(root, identity, capacity_bytes=capacity, read_only=not write,
-                          durability=Durability.FSYNC, reset_index=reset_index, index_url=args.index_url,
-                          payloads=payloads)
+        spec = StoreSpec(root, index_url=args.index_url, object_store=args.object_store,
+                         capacity_bytes=disk_size_bytes, read_only=not write)
+        return open_store(spec, identity, reset_index=reset_index)
     except (StoreBusyError, ModelMismatchError, IndexMissingError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
     except DatabaseError as exc:
@@ -210,14 +203,7 @@ def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
 
 def _store_parent() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--disk-path", default=os.environ.get("CHUNKSTORE_DISK_PATH", DEFAULT_DATA_DIR),
-                   help="folder of the chunk store (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH)")
-    p.add_argument("--index-url", metavar="URL", default=os.environ.get("CHUNKSTORE_INDEX_URL") or None,
-                   help="the index's database instead of the store's own index.db: "
-                        "postgresql+psycopg://USER@HOST/DATABASE or sqlite:///PATH (or $CHUNKSTORE_INDEX_URL)")
-    p.add_argument("--object-store", metavar="URL", default=os.environ.get("CHUNKSTORE_OBJECT_STORE") or None,
-                   help="the chunk payloads' bucket instead of the store's folder: s3://BUCKET[/PREFIX] (or "
-                        "$CHUNKSTORE_OBJECT_STORE; endpoint and keys from the AWS_* variables)")
+    add_store_flags(p)
     add_json_flag(p)
     return p
 
@@ -228,7 +214,7 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
 
 
 def _add_gc(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--disk-size", type=_positive_gb, metavar="GB|SIZE",
+    p.add_argument("--disk-size", dest="disk_size_bytes", type=_gb_as_bytes, metavar="GB|SIZE",
                    help="capacity to evict down to: a number of GB (10^9 bytes), or a size such as 500GB")
     p.add_argument("--purge-quarantine", action="store_true", help="also delete quarantined files")
 

@@ -114,3 +114,8 @@ def positive_gb(text: str) -> float:
     if gb <= 0:
         raise ValueError(f"size must be positive, got {text!r}")
     return gb
+
+
+def positive_gb_as_bytes(text: str) -> int:
+    """``positive_gb`` as whole bytes: a store's capacity from a flag. Raises ValueError."""
+    return int(positive_gb(text) * GB)

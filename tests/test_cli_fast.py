@@ -48,7 +48,8 @@ _RUN_COMMANDS = textwrap.dedent("""
     codes = {}
     for argv in (["--help"], ["--version"], ["stats", "--disk-path", root], ["verify", "--disk-path", root],
                  ["gc", "--disk-path", root, "--disk-size", "1GB"], ["evict", "--disk-path", root, "--bytes", "1KB"],
-                 ["db", "upgrade", "--disk-path", root], ["stats", "--help"], ["evict", "--help"]):
+                 ["db", "upgrade", "--disk-path", root], ["stats", "--help"], ["evict", "--help"],
+                 ["serve", "--help"], ["admin", "--help"]):
         with contextlib.redirect_stdout(io.StringIO()):
             try:
                 codes[" ".join(argv[:2])] = main(argv)
@@ -189,8 +190,8 @@ def test_disk_size_is_gb_or_a_size_with_a_unit_on_every_flag():
     assert CacheConfig(disk_size="250MB").disk_size == 0.25
     assert CacheConfig(disk_size="2").disk_size == 2
     gc = build_parser().parse_args(["gc", "--disk-size", "500MB"])
-    assert gc.disk_size == 0.5
-    assert build_parser().parse_args(["gc", "--disk-size", "3"]).disk_size == 3
+    assert gc.disk_size_bytes == 500 * 10**6  # parsed once, at the edge, into the store's unit
+    assert build_parser().parse_args(["gc", "--disk-size", "3"]).disk_size_bytes == 3 * 10**9
 
 
 def test_gc_evicts_down_to_a_disk_size_given_with_a_unit(store_root, capsys):

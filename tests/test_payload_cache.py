@@ -17,9 +17,10 @@ from chunkstore import ChunkStore
 from chunkstore.cache.config import CacheConfig
 from chunkstore.disk.file_check import FileStatus
 from chunkstore.disk.objects import ObjectPayloads, parse_object_url
-from chunkstore.disk.payload_cache import (DIGEST_SIZE_BYTES, ENTRIES_FILENAME, LOCAL_COPY_FOLDER, CachedPayloads,
-                                           bucket_payloads)
+from chunkstore.disk.payload_cache import DIGEST_SIZE_BYTES, ENTRIES_FILENAME, LOCAL_COPY_FOLDER, CachedPayloads
+from chunkstore.disk.store_spec import StoreSpec
 from chunkstore.testing.tensors import same_bytes
+from tests.helpers import TINY
 
 CAPACITY_BYTES = 1 << 30
 
@@ -189,13 +190,18 @@ def test_an_entries_file_that_cannot_be_read_empties_the_copies(open_store, chai
 
 
 def test_the_settings_build_a_local_copy_only_with_a_bucket_and_a_size(tmp_path, bucket_url):
-    assert CacheConfig().payload_store(tmp_path) is None  # the folder tree
-    with_copy = CacheConfig(object_store=bucket_url, local_cache_size="2GB").payload_store(tmp_path)
+    assert CacheConfig(disk_path=tmp_path).store_spec(TINY).payloads() is None  # the folder tree
+    spec = CacheConfig(disk_path=tmp_path, object_store=bucket_url, local_cache_size="2GB").store_spec(TINY)
+    with_copy = spec.payloads()
     assert isinstance(with_copy, CachedPayloads) and with_copy.capacity_bytes == 2 * 10**9
-    assert with_copy.folder == tmp_path / LOCAL_COPY_FOLDER and with_copy.shared_name == bucket_url
-    assert isinstance(CacheConfig(object_store=bucket_url, local_cache_size=0).payload_store(tmp_path),
+    assert with_copy.folder == spec.folder / LOCAL_COPY_FOLDER and with_copy.shared_name == bucket_url
+    assert isinstance(CacheConfig(object_store=bucket_url, local_cache_size=0).store_spec(TINY).payloads(),
                       ObjectPayloads)
+    assert isinstance(StoreSpec(tmp_path, object_store=bucket_url, local_copy_bytes=10**9, read_only=True).payloads(),
+                      ObjectPayloads)  # a reader keeps no copy
     with pytest.raises(ValueError, match="local_cache_size"):
         CacheConfig(local_cache_size=-1)
+    with pytest.raises(ValueError, match="local_copy_bytes"):
+        StoreSpec(tmp_path, local_copy_bytes=-1)
     with pytest.raises(ValueError, match="capacity_bytes"):
         CachedPayloads(with_copy.source, tmp_path / "x", 0)

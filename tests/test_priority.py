@@ -54,7 +54,7 @@ def test_the_stores_writes_and_background_reads_run_at_its_background_priority(t
 def test_the_cache_runs_backups_and_persists_at_the_background_priority(tmp_path):
     config = CacheConfig(page_size=TINY.page_size, device_size="8pages", host_size="16pages",
                          disk_path=tmp_path / "disk", background_priority="low")
-    with TieredCache(config, TINY) as cache:
+    with TieredCache.open(config, TINY) as cache:
         assert cache.store.background_priority is ThreadPriority.LOW
         for name in ("chunkstore-device_to_host", "chunkstore-host_to_disk"):
             assert _priorities(name) == {("other", 19)}, name

@@ -8,15 +8,13 @@ admin token's file (never the token) are printed at start; the store is closed o
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-DEFAULT_DATA_DIR = "chunkstore-data"
+from chunkstore.store_flags import add_store_flags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--disk-path", default=os.environ.get("CHUNKSTORE_DISK_PATH", DEFAULT_DATA_DIR),
-                   help="folder of the chunk store (default ./chunkstore-data, or $CHUNKSTORE_DISK_PATH)")
+    add_store_flags(p)
     p.add_argument("--host", help="address to bind (default 127.0.0.1, or $CHUNKSTORE_ADMIN_HOST); beyond "
                                   "loopback, reads need the token too")
     p.add_argument("--port", type=int, help="TCP port (default 8001, or $CHUNKSTORE_ADMIN_PORT; 0: any free port)")
@@ -28,12 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a token that sees and changes only NAMESPACE (repeatable)")
     p.add_argument("--read-only", action="store_true",
                    help="open the store read-only (beside a running writer); state-changing calls answer 409")
-    p.add_argument("--index-url", metavar="URL", default=os.environ.get("CHUNKSTORE_INDEX_URL") or None,
-                   help="a shared tier's index instead of the store's own index.db: "
-                        "postgresql+psycopg://USER@HOST/DATABASE (or $CHUNKSTORE_INDEX_URL)")
-    p.add_argument("--object-store", metavar="URL", default=os.environ.get("CHUNKSTORE_OBJECT_STORE") or None,
-                   help="a shared tier's bucket instead of the store's folder: s3://BUCKET[/PREFIX] (or "
-                        "$CHUNKSTORE_OBJECT_STORE; endpoint and keys from the AWS_* variables)")
 
 
 def _settings(args: argparse.Namespace):

@@ -124,7 +124,7 @@ def measure_match_insert(cfg: TiersBenchConfig, work: Path, *, use_disk: bool) -
     config = CacheConfig(page_size=size, device_size=f"{total_pages}pages", host_size=f"{total_pages}pages",
                          use_disk=use_disk, disk_path=work / "match-store", write_policy="write_back")
     times, new_pages = [], []
-    with TieredCache(config, identity) as cache, _progress(cfg, len(histories) + cfg.num_requests,
+    with TieredCache.open(config, identity) as cache, _progress(cfg, len(histories) + cfg.num_requests,
                                                           "match+insert" + (" (disk)" if use_disk else "")) as bar:
         for h in histories:
             _serve(cache, h)
@@ -181,7 +181,7 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
                          disk_path=work / "store", write_policy="write_through")
     batch_bytes = batch * page_bytes
     h2d, memcpy, d2d, load = [], [], [], []
-    with TieredCache(config, identity) as cache:
+    with TieredCache.open(config, identity) as cache:
         cache.wait_prefaulted()  # the steady state: pools mapped, as the copy baseline's dst is
         with _progress(cfg, n, "fill") as bar:
             for i in range(n):
@@ -203,7 +203,7 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
         cache.flush()
     store_files = files_under(work / "store")
     cold_method = "none"
-    with TieredCache(config, identity) as cache:  # a restart: memory tiers empty, the disk warm-starts
+    with TieredCache.open(config, identity) as cache:  # a restart: memory tiers empty, the disk warm-starts
         cache.wait_prefaulted()
         refs = [chain_pages(identity, p) for p in prompts]
         out = torch.empty((batch, *identity.page_shape), dtype=pages.dtype)

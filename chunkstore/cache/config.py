@@ -20,11 +20,14 @@ from chunkstore.cache.policies import Compression, PrefetchPolicy, WritePolicy
 from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.priority import ThreadPriority
 from chunkstore.disk.codec import Codec
+from chunkstore.disk.store_spec import DEFAULT_LOCAL_COPY_BYTES, check_index_url, check_object_store
+from chunkstore.store_flags import INDEX_URL_HELP, OBJECT_STORE_HELP
 from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, gb_or_zero, positive_gb
 
 if TYPE_CHECKING:
     from chunkstore.cache.layout import KVLayout
-    from chunkstore.disk.payloads import PayloadStore
+    from chunkstore.disk.identity import ModelIdentity
+    from chunkstore.disk.store_spec import StoreSpec
 
 __all__ = ["CacheConfig", "ENV_PREFIX", "GB", "LIVE_SETTINGS", "PoolSize", "SIZE_EXAMPLES", "add_cli_arguments",
            "env_name", "flag_name"]
@@ -57,14 +60,9 @@ class CacheConfig(BaseSettings):
                                          "overrides host_ratio")
     use_disk: bool = _field(True, "keep a disk tier (the chunk store) under the host pool")
     disk_path: Path = _field(Path("chunkstore-data"), "folder of the chunk store")
-    index_url: str | None = _field(None, "the disk tier's chunk index: a PostgreSQL URL "
-                                         "(postgresql+psycopg://...) for a tier shared by many servers; "
-                                         "default: index.db in the store's folder")
-    object_store: str | None = _field(None, "chunk payloads in an S3-compatible bucket, s3://bucket/prefix "
-                                            "(endpoint, region and keys from AWS_ENDPOINT_URL, AWS_REGION, "
-                                            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); default: files in "
-                                            "the store's folder")
-    local_cache_size: float = _field(10.0, "with object_store: the most bytes of local disk (under "
+    index_url: str | None = _field(None, INDEX_URL_HELP)
+    object_store: str | None = _field(None, OBJECT_STORE_HELP)
+    local_cache_size: float = _field(DEFAULT_LOCAL_COPY_BYTES / GB, "with object_store: the most bytes of local disk (under "
                                            "disk_path) kept as a copy of the shared tier's chunks this "
                                            "server read, so a hot prefix is not fetched over the network "
                                            "each time; a number of GB or a size such as 50GB; 0 = none",
@@ -124,20 +122,12 @@ class CacheConfig(BaseSettings):
     @field_validator("index_url")
     @classmethod
     def _check_index_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            from chunkstore.disk.index import index_backend
-
-            index_backend(value)  # its ValueError names the backends it takes
-        return value
+        return None if value is None else check_index_url(value)  # its ValueError names the backends
 
     @field_validator("object_store")
     @classmethod
     def _check_object_store(cls, value: str | None) -> str | None:
-        if value is not None:
-            from chunkstore.disk.objects import parse_object_url
-
-            parse_object_url(value)
-        return value
+        return None if value is None else check_object_store(value)
 
     @field_validator("disk_size", "local_cache_size", mode="before")
     @classmethod
@@ -155,13 +145,26 @@ class CacheConfig(BaseSettings):
                 raise ValueError(f"host_size {self.host_size} is smaller than device_size {self.device_size}")
         return self
 
-    def payload_store(self, store_folder: Path | None = None) -> PayloadStore | None:
-        """The chunk payloads' store when ``object_store`` names a bucket (None: the folder tree):
-        with ``store_folder`` and a ``local_cache_size``, the bucket with a local copy of what this
-        server reads in ``store_folder/shared-cache``."""
-        from chunkstore.disk.payload_cache import bucket_payloads
+    def store_spec(self, identity: ModelIdentity) -> StoreSpec | None:
+        """The disk tier of ``identity`` as the one door opens it (None when ``use_disk`` is off):
+        its own store in the data folder ``disk_path`` (``store_root``: the folder serves any
+        model), with this config's capacity, codec, priority, index and bucket, and a local copy
+        of the bucket's chunks of ``local_cache_size``."""
+        if not self.use_disk:
+            return None
+        from chunkstore.cache.layout import KVLayout
+        from chunkstore.disk.store_folder import store_root
+        from chunkstore.disk.store_spec import StoreSpec
 
-        return bucket_payloads(self.object_store, store_folder, int(self.local_cache_size * GB))
+        layout = KVLayout.from_identity(identity)
+        return StoreSpec(store_root(self.disk_path, identity), index_url=self.index_url,
+                         object_store=self.object_store, local_copy_bytes=self.local_copy_bytes,
+                         capacity_bytes=self.disk_capacity_bytes(layout), codec=self.codec_for(layout),
+                         background_priority=self.background_priority)
+
+    @property
+    def local_copy_bytes(self) -> int:
+        return int(self.local_cache_size * GB)
 
     # -- derived sizes ---------------------------------------------------------------------------
 

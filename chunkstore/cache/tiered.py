@@ -51,7 +51,8 @@ from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsa
 from chunkstore.cache.tiers import Tier
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
-from chunkstore.disk.store import ChunkStore, store_root
+from chunkstore.disk.store import ChunkStore
+from chunkstore.disk.store_spec import open_store
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,14 @@ class TieredCache:
     """
 
     def __init__(self, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,
-                 store: ChunkStore | None = None, prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> None:
+                 store: ChunkStore | None = None, owns_store: bool = False,
+                 prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> None:
         if identity.page_size != config.page_size:
             raise ValueError(f"identity has {identity.page_size} tokens per page, config page_size is "
                              f"{config.page_size}")
+        if config.use_disk and store is None:
+            raise ValueError("config.use_disk needs the disk tier's store: open the cache with "
+                             "TieredCache.open(config, identity), or pass store=open_store(config.store_spec(identity))")
         self.config, self.identity = config, identity
         self.layout = KVLayout.from_identity(identity)
         self.page_size = identity.page_size
@@ -118,14 +123,8 @@ class TieredCache:
         self.host_pool = HostPool(self.layout, config.host_pages(self.layout))
         self.tree = RadixTree(identity, config.eviction_policy)
         self._lock = self.tree.lock
-        self._owns_store = store is None and config.use_disk
-        if self._owns_store:
-            # The data folder serves any model: this identity's own store in it (store_root).
-            folder = store_root(config.disk_path, identity)
-            store = ChunkStore(folder, identity, capacity_bytes=config.disk_capacity_bytes(self.layout),
-                               codec=config.codec_for(self.layout), background_priority=config.background_priority,
-                               index_url=config.index_url, payloads=config.payload_store(folder))
         self.store = store if config.use_disk else None
+        self._owns_store = owns_store and self.store is not None
         self.counters = CacheCounters()
         self._holds = PrefetchHolds(int(self.host_pool.capacity_pages * config.prefetch_host_share),
                                     config.prefetch_hold_s)
@@ -136,6 +135,22 @@ class TieredCache:
         self._in_flight = self.controller.in_flight  # the one record of copies in flight (the controller's)
         self._refresher = PrefetchRefresher(self._prefetch_next_in_line) if self.store is not None else None
         self.admin = CacheAdmin(self)  # the management API's operations, over the public methods here
+
+    @classmethod
+    def open(cls, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,
+             prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> "TieredCache":
+        """The cache with the disk tier ``config`` names, opened through the one door
+        (``config.store_spec``, ``open_store``) and closed with the cache. Raises what
+        ``open_store`` raises; the store is closed again when the cache cannot be built."""
+        spec = config.store_spec(identity)
+        store = open_store(spec, identity) if spec is not None else None
+        try:
+            return cls(config, identity, device=device, store=store, owns_store=True,
+                       prefetch_batch_pages=prefetch_batch_pages)
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
 
     @property
     def is_closed(self) -> bool:

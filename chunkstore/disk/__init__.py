@@ -25,7 +25,10 @@ _OWNERS = {
                               "IndexMissingError"),
     "chunkstore.disk.payloads": ("PayloadStore", "PayloadsUnavailable", "Staged"),
     "chunkstore.disk.objects": ("ObjectPayloads", "ObjectStoreConfig", "parse_object_url"),
-    "chunkstore.disk.payload_cache": ("CachedPayloads", "bucket_payloads"),
+    "chunkstore.disk.payload_cache": ("CachedPayloads",),
+    # the one door: where a store is and how it opens
+    "chunkstore.disk.store_spec": ("DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_index_url", "check_object_store",
+                                   "open_store"),
     "chunkstore.disk.files": ("ChunkFiles", "Durability", "PRIVATE_FILE_MODE", "make_private", "write_private_file"),
     # the other types the store's methods take and return
     "chunkstore.disk.chunkfile": ("ChunkHeader",),
@@ -49,11 +52,13 @@ if TYPE_CHECKING:
                                        index_backend, sqlite_url)
     from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages, engine_pages, page_key, root_key
     from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig, parse_object_url
-    from chunkstore.disk.payload_cache import CachedPayloads, bucket_payloads
+    from chunkstore.disk.payload_cache import CachedPayloads
     from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
     from chunkstore.disk.results import EvictResult, PutResult, ReadOnlyStoreError, StoreStats
     from chunkstore.disk.store import ChunkStore
     from chunkstore.disk.store_folder import StoreBusyError, read_identity, store_root
+    from chunkstore.disk.store_spec import (DEFAULT_LOCAL_COPY_BYTES, StoreSpec, check_index_url, check_object_store,
+                                            open_store)
 
 
 def __getattr__(name: str) -> Any:

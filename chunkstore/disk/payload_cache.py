@@ -328,18 +328,3 @@ class CachedPayloads(PayloadStore):
         return LocalCopyStats(folder=str(self.folder), capacity_bytes=self.capacity_bytes,
                               size_bytes=entries.size_bytes if entries else 0,
                               entries=entries.count if entries else 0, **counts)
-
-
-def bucket_payloads(object_store: str | None, store_folder: str | os.PathLike | None = None,
-                    local_copy_bytes: int = 0) -> PayloadStore | None:
-    """The payloads of a store whose chunks live in the bucket ``object_store`` (s3://bucket/prefix;
-    None: the folder tree, returned as None): with ``store_folder`` and ``local_copy_bytes`` > 0,
-    with a local copy of what this process reads in ``store_folder/shared-cache``."""
-    if object_store is None:
-        return None
-    from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
-
-    bucket = ObjectPayloads(ObjectStoreConfig(object_store))
-    if store_folder is None or local_copy_bytes <= 0:
-        return bucket
-    return CachedPayloads(bucket, Path(store_folder) / LOCAL_COPY_FOLDER, local_copy_bytes)

@@ -74,7 +74,7 @@ class Engine:
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig, config: EngineConfig = EngineConfig()) -> None:
         self.loaded, self.config = loaded, config
         self.tokenizer = loaded.tokenizer
-        self.cache = TieredCache(cache_config, loaded.identity(cache_config.page_size), device=loaded.device)
+        self.cache = TieredCache.open(cache_config, loaded.identity(cache_config.page_size), device=loaded.device)
         try:
             self.runner = ModelRunner(loaded, self.cache)
         except BaseException:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkstore.disk import (ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError, StoreBusyError,
-                             bucket_payloads, index_backend, parse_object_url, store_root)
+                             StoreSpec, check_index_url, check_object_store, open_store, store_root)
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
 
@@ -21,7 +21,6 @@ STORE_KEYS = {"disk_path": "disk_path", "disk_size": "disk_size_bytes", "compres
               "durability": "durability", "background_priority": "background_priority",
               "max_pending": "max_pending_bytes", "index_url": "index_url", "object_store": "object_store",
               "local_cache_size": "local_cache_bytes"}
-DEFAULT_LOCAL_CACHE_BYTES = 10 * 10**9  # a shared tier's local copy, as `chunkstore serve`'s default
 
 
 def check_keys(extra: dict[str, Any], known: Iterable[str], passthrough: Iterable[str], where: str) -> None:
@@ -43,11 +42,9 @@ def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
         size = extra["local_cache_size"]
         kw["local_cache_bytes"] = 0 if str(size).strip() == "0" else parse_bytes(size)
     if extra.get("index_url") is not None:
-        index_backend(str(extra["index_url"]))  # its ValueError names the backends it takes
-        kw["index_url"] = str(extra["index_url"])
+        kw["index_url"] = check_index_url(str(extra["index_url"]))  # its ValueError names the backends
     if extra.get("object_store") is not None:
-        parse_object_url(str(extra["object_store"]))
-        kw["object_store"] = str(extra["object_store"])
+        kw["object_store"] = check_object_store(str(extra["object_store"]))
     if extra.get("compression") not in (None, "auto"):
         kw["compression"] = Codec.parse(extra["compression"])
     if "durability" in extra:
@@ -55,6 +52,16 @@ def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
     if "background_priority" in extra:
         kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
     return kw
+
+
+def store_spec(settings: Any, identity: ModelIdentity, *, read_only: bool = False) -> StoreSpec:
+    """The store of ``identity`` in the data folder ``settings.disk_path`` (``store_root``: the
+    folder serves any model), as the settings describe it."""
+    return StoreSpec(store_root(settings.disk_path, identity), index_url=settings.index_url,
+                     object_store=settings.object_store, local_copy_bytes=settings.local_cache_bytes,
+                     capacity_bytes=settings.disk_size_bytes, codec=settings.compression,
+                     durability=settings.durability, background_priority=settings.background_priority,
+                     read_only=read_only)
 
 
 def open_writer(settings: Any, identity: ModelIdentity, *, wait_s: float = 30.0) -> ChunkStore:
@@ -69,12 +76,8 @@ def open_writer(settings: Any, identity: ModelIdentity, *, wait_s: float = 30.0)
     writes this identity's store)."""
     deadline = time.monotonic() + wait_s
     while True:
-        root = store_root(settings.disk_path, identity)
         try:
-            return ChunkStore(root, identity, capacity_bytes=settings.disk_size_bytes, codec=settings.compression,
-                              durability=settings.durability, background_priority=settings.background_priority,
-                              index_url=settings.index_url,
-                              payloads=bucket_payloads(settings.object_store, root, settings.local_cache_bytes))
+            return open_store(store_spec(settings, identity), identity)
         except (StoreBusyError, ModelMismatchError):
             if time.monotonic() >= deadline:
                 raise
@@ -84,9 +87,7 @@ def open_writer(settings: Any, identity: ModelIdentity, *, wait_s: float = 30.0)
 def open_reader(settings: Any, identity: ModelIdentity) -> ChunkStore | None:
     """The store of ``identity`` in ``settings.disk_path``, opened read-only on the index and bucket
     the settings name; None while no writer has made it."""
-    root = store_root(settings.disk_path, identity)
     try:
-        return ChunkStore(root, identity, read_only=True, index_url=settings.index_url,
-                          payloads=bucket_payloads(settings.object_store))
+        return open_store(store_spec(settings, identity, read_only=True), identity)
     except (FileNotFoundError, ModelMismatchError):
         return None

@@ -24,10 +24,9 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from chunkstore.disk import (DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, ModelIdentity, PageRef, engine_pages,
-                             store_root)
-from chunkstore.integrations.settings import (DEFAULT_LOCAL_CACHE_BYTES, STORE_KEYS, check_keys, open_reader,
-                                             open_writer, store_fields)
+from chunkstore.disk import (DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, ChunkStore, Codec, Durability,
+                             ModelIdentity, PageRef, engine_pages, store_root)
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, open_reader, open_writer, store_fields
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
@@ -59,7 +58,7 @@ class BackendSettings:
     max_pending_bytes: int = 1 << 30  # pages copied out and not yet written; a set waits above it
     index_url: str | None = None  # a shared tier's index (PostgreSQL); None: index.db in the store's folder
     object_store: str | None = None  # a shared tier's bucket (s3://bucket/prefix); None: the folder tree
-    local_cache_bytes: int = DEFAULT_LOCAL_CACHE_BYTES  # with object_store: the local copy of what was read
+    local_cache_bytes: int = DEFAULT_LOCAL_COPY_BYTES  # with object_store: the local copy of what was read
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendSettings":

@@ -30,7 +30,7 @@ def store_server(tmp_path) -> Iterator[Served]:
 
 @pytest.fixture
 def live_cache(tmp_path) -> Iterator[TieredCache]:
-    cache = TieredCache(make_config(tmp_path), TINY)
+    cache = TieredCache.open(make_config(tmp_path), TINY)
     try:
         yield cache
     finally:

@@ -137,7 +137,7 @@ def test_no_disk_tier(tmp_path):
     from chunkstore.cache.tiered import TieredCache
     from tests.cache.test_tiered import make_config
 
-    with TieredCache(make_config(tmp_path, use_disk=False), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path, use_disk=False), TINY) as cache:
         warm(cache)
         app = create_app(CacheBackend(cache), settings())
         with live_server(app) as url, client(url) as c:

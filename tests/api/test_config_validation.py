@@ -51,7 +51,7 @@ def _assert_refused(r, field: str, words: str | None = None) -> None:
 
 @pytest.fixture
 def cache_api(tmp_path):
-    with TieredCache(make_config(tmp_path), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:
         with live_server(create_app(CacheBackend(cache), settings())) as url, client(url) as c:
             yield cache, c
 

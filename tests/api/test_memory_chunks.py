@@ -60,7 +60,7 @@ def test_memory_listing_without_a_disk_tier(tmp_path):
     from chunkstore.cache.tiered import TieredCache
     from tests.cache.test_tiered import make_config
 
-    with TieredCache(make_config(tmp_path, use_disk=False), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path, use_disk=False), TINY) as cache:
         warm(cache)
         with live_server(create_app(CacheBackend(cache), settings())) as url, client(url) as c:
             page = c.get("/chunks", params={"tier": "device"}).json()

@@ -17,7 +17,7 @@ from tests.helpers import TINY
 
 
 def test_kept_and_applied_at_the_next_start(tmp_path, monkeypatch):
-    with TieredCache(make_config(tmp_path), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:
         with live_server(create_app(CacheBackend(cache), settings())) as url, client(url) as c:
             r = c.patch("/config", json={"eviction_policy": "lfu", "disk_size": 0.002, "prefetch_timeout_s": 3})
             assert r.status_code == 200, r.text
@@ -29,14 +29,14 @@ def test_kept_and_applied_at_the_next_start(tmp_path, monkeypatch):
         assert kept["file"] == str(path) and stat.S_IMODE(path.stat().st_mode) == 0o600
         assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
 
-    with TieredCache(make_config(tmp_path), TINY) as cache:  # a restart: defaults below the kept settings
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:  # a restart: defaults below the kept settings
         assert cache.config.eviction_policy == "lru"
         create_app(CacheBackend(cache), settings())
         assert cache.tree.policy is EvictionPolicy.LFU and cache.config.prefetch_timeout_s == 3.0
         assert cache.config.disk_size is None and cache.store.capacity_bytes is None
 
     monkeypatch.setenv("CHUNKSTORE_PREFETCH_TIMEOUT_S", "7")  # explicit settings win
-    with TieredCache(make_config(tmp_path, eviction_policy="lru"), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path, eviction_policy="lru"), TINY) as cache:
         app = create_app(CacheBackend(cache), settings())
         assert cache.tree.policy is EvictionPolicy.LRU and cache.config.prefetch_timeout_s == 7.0
         with live_server(app) as url, client(url) as c:
@@ -44,7 +44,7 @@ def test_kept_and_applied_at_the_next_start(tmp_path, monkeypatch):
 
 
 def test_persist_false_changes_this_process_only(tmp_path):
-    with TieredCache(make_config(tmp_path), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:
         with live_server(create_app(CacheBackend(cache), settings())) as url, client(url) as c:
             r = c.patch("/config", params={"persist": "false"}, json={"eviction_policy": "lfu"})
             assert r.status_code == 200 and r.json()["persisted"]["settings"] == {}
@@ -53,16 +53,16 @@ def test_persist_false_changes_this_process_only(tmp_path):
 
 def test_a_bad_file_or_value_is_skipped(tmp_path, caplog):
     root = tmp_path / "disk"
-    with TieredCache(make_config(tmp_path), TINY):
+    with TieredCache.open(make_config(tmp_path), TINY):
         pass
     (root / FILE_NAME).write_text("{not json")
-    with TieredCache(make_config(tmp_path), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:
         create_app(CacheBackend(cache), settings())
         assert cache.tree.policy is EvictionPolicy.LRU
     assert "ignoring the persisted settings" in caplog.text
     (root / FILE_NAME).write_text(json.dumps({"version": 1, "settings": {
         "eviction_policy": "random", "page_size": 8, "prefetch_timeout_s": 2, "disk_size": 5e-324}}))
-    with TieredCache(make_config(tmp_path), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:
         create_app(CacheBackend(cache), settings())
         assert cache.tree.policy is EvictionPolicy.LRU and cache.config.page_size == TINY.page_size
         assert cache.config.prefetch_timeout_s == 2.0  # the good one still applies
@@ -100,7 +100,7 @@ def test_offline_store_keeps_disk_size(tmp_path):
 
 
 def test_no_disk_tier(tmp_path):
-    with TieredCache(make_config(tmp_path, use_disk=False), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path, use_disk=False), TINY) as cache:
         with live_server(create_app(CacheBackend(cache), settings())) as url, client(url) as c:
             assert c.get("/config").json()["persisted"] == {"file": None, "settings": {}, "shadowed": [],
                                                             "is_writable": False}

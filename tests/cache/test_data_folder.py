@@ -19,7 +19,7 @@ TOKENS = [7000 + i for i in range(P * 3)]
 def test_a_second_model_gets_a_store_of_its_own_and_both_run_at_once(tmp_path):
     config = make_config(tmp_path)
     data = config.disk_path
-    with TieredCache(config, TINY) as first, TieredCache(config, OTHER) as second:
+    with TieredCache.open(config, TINY) as first, TieredCache.open(config, OTHER) as second:
         assert first.store.root == data
         assert second.store.root.parent == data / MODELS_DIRNAME
         assert second.store.root.name.startswith("other-model-rev2-")
@@ -30,14 +30,14 @@ def test_a_second_model_gets_a_store_of_its_own_and_both_run_at_once(tmp_path):
         assert first.store.stats().num_chunks == second.store.stats().num_chunks == 3
     assert read_identity(data) == TINY and read_identity(store_root(data, OTHER)) == OTHER
     for identity in (OTHER, TINY):  # each reopens its own store and finds its pages on disk
-        with TieredCache(config, identity) as cache:
+        with TieredCache.open(config, identity) as cache:
             hit = serve(cache, TOKENS)
             assert hit.num_tokens == hit.disk_tokens == len(TOKENS)
 
 
 def test_store_root_names_each_identity_apart(tmp_path):
     assert store_root(tmp_path, TINY) == tmp_path  # a new folder: the first model takes it
-    with TieredCache(make_config(tmp_path, disk_path=tmp_path), TINY):
+    with TieredCache.open(make_config(tmp_path, disk_path=tmp_path), TINY):
         pass
     assert store_root(tmp_path, TINY) == tmp_path
     a, b = store_root(tmp_path, OTHER), store_root(tmp_path, dataclasses.replace(OTHER, kv_dtype="float16"))

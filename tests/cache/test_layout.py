@@ -47,7 +47,7 @@ def test_the_cache_takes_its_layout_from_the_identity(tmp_path):
 
     identity = ModelIdentity("m", "float16", num_layers=3, num_kv_heads=2, head_dim=8, page_size=4)
     config = CacheConfig(page_size=4, device_size="4pages", host_size="8pages", use_disk=False)
-    with TieredCache(config, identity) as cache:
+    with TieredCache.open(config, identity) as cache:
         assert cache.layout == KVLayout.from_identity(identity)
         for pool in (cache.device_pool, cache.host_pool):
             assert tuple(pool.buffer.shape[1:]) == identity.page_shape

@@ -64,6 +64,6 @@ def test_close_stops_the_thread_and_leaves_the_pool_usable():
 
 def test_closing_a_cache_leaves_no_prefault_thread(tmp_path):
     config = CacheConfig(page_size=TINY.page_size, device_size="256MB", host_size="512MB", disk_path=tmp_path)
-    cache = TieredCache(config, TINY)
+    cache = TieredCache.open(config, TINY)
     cache.close()  # at once: mapping 768 MB takes the thread a good part of a second
     assert prefault_threads() == []

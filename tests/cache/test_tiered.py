@@ -26,7 +26,7 @@ from chunkstore.cache.tiers import Tier
 from chunkstore.disk.files import ChunkFiles
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
 from chunkstore.disk.store import ChunkStore, store_root
-from chunkstore.testing.faults import FaultyPayloads
+from tests.helpers.faults import FaultyPayloads
 from chunkstore.testing.tensors import bits
 from tests.helpers import TINY
 
@@ -164,7 +164,7 @@ def make_config(tmp_path, **overrides) -> CacheConfig:
 
 @contextmanager
 def open_cache(config: CacheConfig, **kwargs):
-    cache = TieredCache(config, TINY, **kwargs)
+    cache = TieredCache(config, TINY, **kwargs) if "store" in kwargs else TieredCache.open(config, TINY, **kwargs)
     try:
         yield cache
     finally:

@@ -80,7 +80,7 @@ class TieredMachine(RuleBasedStateMachine):
             page_size=P, device_size="8pages", host_size="12pages", disk_path=self.folder, write_policy=policy,
             write_through_threshold=2, disk_load_host_share=share, eviction_policy=eviction,
             prefetch_policy=prefetch)
-        self.cache = TieredCache(self.config, TINY)
+        self.cache = TieredCache.open(self.config, TINY)
 
     @rule(ns=namespaces, ids=page_ids, extra=st.integers(0, P - 1), prefetch=st.booleans())
     def serve(self, ns, ids, extra, prefetch):
@@ -160,7 +160,7 @@ class TieredMachine(RuleBasedStateMachine):
         is_lossless = self.is_lossless()
         assert self.cache.flush().failed_pages == 0 or not is_lossless
         self.cache.close(flush=True)
-        self.cache = TieredCache(self.config, TINY)
+        self.cache = TieredCache.open(self.config, TINY)
         if is_lossless:
             for ns, ids in sorted(self.model):
                 assert self.cache.peek(toks(*ids), ns) == (0, 0, len(ids) * P), f"{ns} {ids} lost"

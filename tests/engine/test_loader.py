@@ -56,7 +56,7 @@ def test_bad_names_list_the_choices():
 
 def test_tiny_prefills_1k_tokens_well_under_a_second(tiny, tmp_path):
     prompt = random_ids(1024, seed=12)
-    with TieredCache(cache_config(tmp_path, use_disk=False, device_pages=512), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path, use_disk=False, device_pages=512), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         best_s = float("inf")
         for i in range(3):

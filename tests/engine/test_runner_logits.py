@@ -55,7 +55,7 @@ def device_hit_logits(loaded, tmp_path, prefix: list[int], prompt: list[int]) ->
     """Logits of ``prompt`` prefilled on ``prefix``'s pages straight from the device pool of a
     fresh cache: what the same split gives with no tier below the device involved."""
     config = cache_config(tmp_path / "device-only", use_disk=False)
-    with TieredCache(config, loaded.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(config, loaded.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(loaded, cache)
         run(runner, prefix)
         seq = runner.prefill(prompt, NS, all_logits=True)
@@ -66,7 +66,7 @@ def device_hit_logits(loaded, tmp_path, prefix: list[int], prompt: list[int]) ->
 
 def test_device_hit_equals_full_recompute(tiny, tmp_path):
     prompt = random_ids(1000, seed=1)
-    with TieredCache(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         first = prefill_and_compare(runner, prompt[:600], FP32_TOL)
         assert first.cached_tokens == 0 and first.inserted_pages == 600 // PAGE_SIZE
@@ -76,7 +76,7 @@ def test_device_hit_equals_full_recompute(tiny, tmp_path):
 
 def test_fully_cached_page_aligned_prompt_still_computes_its_last_token(tiny, tmp_path):
     prompt = random_ids(4 * PAGE_SIZE, seed=2)
-    with TieredCache(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         run(runner, prompt)
         seq = prefill_and_compare(runner, prompt, FP32_TOL)
@@ -89,7 +89,7 @@ def test_fully_cached_page_aligned_prompt_still_computes_its_last_token(tiny, tm
 
 def test_host_hit_equals_full_recompute(tiny, tmp_path):
     prompt = random_ids(130, seed=3)
-    with TieredCache(cache_config(tmp_path, device_pages=8, host_pages=32), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path, device_pages=8, host_pages=32), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         run(runner, prompt[:90])  # 5 pages, written through to the host
         run(runner, random_ids(8 * PAGE_SIZE + 1, seed=4))  # 8 pages: evicts the 5 from the device
@@ -104,7 +104,7 @@ def test_host_hit_equals_full_recompute(tiny, tmp_path):
 
 def test_disk_hit_equals_full_recompute(tiny, tmp_path):
     prompt = random_ids(130, seed=5)
-    with TieredCache(cache_config(tmp_path, device_pages=8, host_pages=8), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path, device_pages=8, host_pages=8), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         run(runner, prompt[:90])
         cache.flush()  # the 5 pages are on disk
@@ -118,12 +118,12 @@ def test_disk_hit_equals_full_recompute(tiny, tmp_path):
 def test_disk_hit_after_restart_equals_full_recompute(tiny, tmp_path):
     prompt = random_ids(700, seed=7)
     config = cache_config(tmp_path)
-    with TieredCache(config, tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(config, tiny.identity(PAGE_SIZE)) as cache:
         run(ModelRunner(tiny, cache), prompt[:500])
         cache.close(flush=True)
     reloaded = load_model("tiny")  # the same seeded weights, built again
     assert reloaded.model_id == tiny.model_id
-    with TieredCache(config, reloaded.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(config, reloaded.identity(PAGE_SIZE)) as cache:
         seq = prefill_and_compare(ModelRunner(reloaded, cache), prompt, FP32_TOL)
         assert seq.disk_tokens == seq.cached_tokens == 496
     assert torch.equal(seq.logits, device_hit_logits(tiny, tmp_path, prompt[:500], prompt))
@@ -132,12 +132,12 @@ def test_disk_hit_after_restart_equals_full_recompute(tiny, tmp_path):
 def test_bf16_device_and_restart_within_tolerance(tiny_bf16, tmp_path):
     prompt = random_ids(800, seed=8)
     config = cache_config(tmp_path)
-    with TieredCache(config, tiny_bf16.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(config, tiny_bf16.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny_bf16, cache)
         run(runner, prompt[:300])
         assert prefill_and_compare(runner, prompt[:600], BF16_TOL).device_tokens == 288
         cache.close(flush=True)
-    with TieredCache(config, tiny_bf16.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(config, tiny_bf16.identity(PAGE_SIZE)) as cache:
         seq = prefill_and_compare(ModelRunner(tiny_bf16, cache), prompt, BF16_TOL)
         assert seq.disk_tokens == 592
 
@@ -147,7 +147,7 @@ def test_wrong_kv_is_caught(tiny, tmp_path):
     moves the logits far past it. (Swapping two pages would not: K is stored after RoPE, so a page
     carries its positions, and attention is a sum over (K, V) pairs in any order.)"""
     prompt = random_ids(200, seed=9)
-    with TieredCache(cache_config(tmp_path, write_policy="write_back"), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path, write_policy="write_back"), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         run(runner, prompt[:100])
         seq = runner.prefill(prompt, NS)
@@ -167,7 +167,7 @@ def test_batched_decode_equals_one_decode_each(tiny, tmp_path):
     """Sequences of different lengths (one from a cache hit) fed in one forward: each row equals
     its own single decode within the fp32 tolerance, over several steps, and the sequences stay
     consistent (their KV and token ids grow by one each step)."""
-    with TieredCache(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
+    with TieredCache.open(cache_config(tmp_path), tiny.identity(PAGE_SIZE)) as cache:
         runner = ModelRunner(tiny, cache)
         prompts = [random_ids(n, seed=n) for n in (5, 37, 120)]
         warm = runner.prefill(prompts[2], NS)

@@ -24,8 +24,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from chunkstore import ChunkStore  # noqa: E402
-from chunkstore.disk import bucket_payloads  # noqa: E402
+from chunkstore.disk import StoreSpec, open_store  # noqa: E402
 from chunkstore.disk.store_folder import read_identity  # noqa: E402
 from chunkstore.integrations.vllm import local_caches  # noqa: E402
 
@@ -45,8 +44,9 @@ def wait_chunks(data: str, count: int, extra: dict) -> int:
         identity = read_identity(data)
         found = 0
         if identity is not None:  # (on a shared tier's index and bucket when the extra config names them)
-            with ChunkStore(data, identity, read_only=True, index_url=extra.get("index_url"),
-                            payloads=bucket_payloads(extra.get("object_store"))) as store:
+            spec = StoreSpec(data, index_url=extra.get("index_url"), object_store=extra.get("object_store"),
+                             read_only=True)
+            with open_store(spec, identity) as store:
                 found = store.num_chunks()
         if found >= count or time.monotonic() > deadline:
             return found

@@ -20,7 +20,7 @@ def _no_space(fd, data):
 
 
 def test_the_overview_shows_the_disk_degraded_while_writes_fail(browser, tmp_path):
-    with TieredCache(make_config(tmp_path), TINY) as cache:
+    with TieredCache.open(make_config(tmp_path), TINY) as cache:
         files = cache.store.payloads
         real_write, files.os_write = files.os_write, _no_space
         warm(cache)

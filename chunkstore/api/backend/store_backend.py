@@ -17,14 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.disk import Durability
+from chunkstore.disk import Durability, StoreSpec, open_store
 from chunkstore.disk.maintenance import Progress, RebuildReport
 from chunkstore.disk.maintenance import rebuild as rebuild_index
 from chunkstore.disk.store import ChunkStore, read_identity
 
 if TYPE_CHECKING:
     from chunkstore.disk.objects import ObjectStoreConfig
-    from chunkstore.disk.payloads import PayloadStore
 
 from chunkstore.api.backend.base import (
     AdminBackend, BackendError, BackendKind, BackendSnapshot, Decode, FlushOutcome, ReadOnlyError, StartClock,
@@ -47,14 +46,14 @@ class StoreBackend(AdminBackend):
                  object_store: str | ObjectStoreConfig | None = None) -> None:
         self.root = Path(path)
         self.index_url = index_url
-        self.object_store = object_store
+        self.spec = StoreSpec(self.root, index_url=index_url, object_store=object_store, durability=durability,
+                              read_only=read_only)
         identity = read_identity(self.root)
         if identity is None:
             raise FileNotFoundError(f"no chunk store at {self.root} (no store.json)")
         self.identity = identity
         self.decode = decode
         self.read_only = read_only
-        self._durability = durability
         self._clock = StartClock()
         self._cond = threading.Condition()
         self._users = 0
@@ -62,17 +61,7 @@ class StoreBackend(AdminBackend):
         self._store: ChunkStore | None = self._open()
 
     def _open(self, *, reset_index: bool = False) -> ChunkStore:
-        return ChunkStore(self.root, self.identity, read_only=self.read_only, durability=self._durability,
-                          reset_index=reset_index, index_url=self.index_url, payloads=self._payloads())
-
-    def _payloads(self) -> PayloadStore | None:
-        """The bucket's payloads (a new client per open), or None: the folder's own."""
-        if self.object_store is None:
-            return None
-        from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
-
-        config = self.object_store
-        return ObjectPayloads(ObjectStoreConfig(config) if isinstance(config, str) else config)
+        return open_store(self.spec, self.identity, reset_index=reset_index)  # a new bucket client per open
 
     @property
     def data_dir(self) -> Path:
