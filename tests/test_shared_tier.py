@@ -21,7 +21,7 @@ from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
 from chunkstore.disk.results import BucketListing, listing_of, listing_text
-from chunkstore.disk.store import COMMIT_TAIL_PAGES
+from chunkstore.disk.shared_protocol import COMMIT_TAIL_PAGES
 from tests.helpers.faults import FaultyPayloads, IndexFaults, faulty_index
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import kv_pages

@@ -18,7 +18,7 @@ from tests.helpers import TINY, kv_pages
 
 def _public_methods() -> set[str]:
     methods = (staticmethod, classmethod)
-    return {name for name, value in vars(StoreClass).items()
+    return {name for cls in StoreClass.__mro__[:-1] for name, value in vars(cls).items()  # inherited too
             if not name.startswith("_") and (inspect.isfunction(value) or isinstance(value, methods))}
 
 

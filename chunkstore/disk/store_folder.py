@@ -1,11 +1,14 @@
 """A store's folder: ``store.json`` (format, model identity, privacy marker), the writer's ``LOCK``
-file, and where a model's store lives in a data folder (``store_root``).
+file, where a model's store lives in a data folder (``store_root``), and a database index's
+claim on the store it serves (``claim_index``).
 
 Invariants: a folder holds the store of exactly one identity, written to ``store.json`` by the
 first writer and checked by every opener; one process writes a store at a time (an exclusive,
 non-blocking flock on ``LOCK``, released when the store closes or the process dies); top-level
 files are made private on every writable open, and the chunk tree once, which ``store.json``
-records (``PRIVATE_MARKER``), so a large store still opens in milliseconds.
+records (``PRIVATE_MARKER``), so a large store still opens in milliseconds; a database index
+(not a SQLite file in the folder) serves one store's folder, or one shared tier's payloads, and one
+model, recorded in its ``store_meta`` by the first writer.
 """
 
 from __future__ import annotations
@@ -18,10 +21,14 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private, write_private_file
 from chunkstore.disk.identity import ModelIdentity, ModelMismatchError
 from chunkstore.disk.payloads import PayloadStore
+
+if TYPE_CHECKING:
+    from chunkstore.disk.index import ChunkIndex
 
 log = logging.getLogger(__name__)
 
@@ -132,3 +139,28 @@ def warn_if_not_private(root: Path) -> None:
     if mode & 0o077:
         log.warning("the data folder %s is open to other users (mode %o); opening the store for writing "
                     "makes it and its files private", root, mode)
+
+
+def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_only: bool,
+                allow_other_models: bool, shared_name: str | None = None) -> None:
+    """Bind a database index to the store at ``root`` (or, for a shared tier, to the payloads every
+    server names ``shared_name``): its rows claim those payloads and that model's pages. A SQLite
+    index lives in (or beside) its folder; a database on a server could be named by two stores,
+    whose rows would then claim each other's files. Raises ModelMismatchError (closing the index)
+    for an index another store or model has claimed."""
+    where = ("store_folder", str(Path(root).resolve())) if shared_name is None else ("payload_store", shared_name)
+    claim = {where[0]: where[1], "identity": identity.to_json()}
+    other = "payload_store" if shared_name is None else "store_folder"
+    if (held := index.get_meta(other)) is not None:
+        index.close()
+        kind = "a shared tier" if shared_name is None else "one store's folder"
+        raise ModelMismatchError(f"the index {index.name} belongs to {kind} ({other}: {held}); give each "
+                                 "store its own database")
+    for name, value in claim.items():
+        held = index.get_meta(name)
+        if held is None and not read_only:
+            index.set_meta(name, value)
+        elif held is not None and held != value and not (name == "identity" and allow_other_models):
+            index.close()
+            raise ModelMismatchError(f"the index {index.name} belongs to another store ({name}: {held}); give "
+                                     "each store its own database")

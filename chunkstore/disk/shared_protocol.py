@@ -1,0 +1,255 @@
+"""SharedProtocol: a shared tier's publish, eviction and clean-up, for payloads other servers
+write too (a bucket whose ``shared_name`` every server names, beside one database index).
+
+Invariants (the claim protocol): a key is claimed in the index (``chunk_claims``: one writer, an
+expiry) before its object is uploaded, and its row replaces the claim in one statement only while
+the claim is still this writer's; readers trust rows only. A key another writer claims is theirs
+(a put skips it as a duplicate). Deletes claim the keys with the rows' deletion, then delete the
+objects, then release the claims, so no writer uploads a key while its object goes; a reader
+that found an object missing or bad deletes only the row it saw (``delete_unchanged``); one
+evictor at a time fleet-wide (``evictor_lock``), and a bounded put holds it from its room check
+to its row commit; a plan is always made again under it (other servers change the order unseen).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+import numpy as np
+from sqlalchemy.exc import DBAPIError
+
+from chunkstore.disk.file_check import FileStatus
+from chunkstore.disk.index import ChunkRow, Victim
+from chunkstore.disk.keys import PageRef
+from chunkstore.disk.payloads import PayloadsUnavailable, Staged
+from chunkstore.disk.protocol import StoreProtocol, Todo
+from chunkstore.disk.results import (BUCKET_LISTING_META, PutResult, SharedTierStats, StoreStats, SweepResult,
+                                     listing_of, server_stats)
+from chunkstore.disk.sweep import sweep
+
+# How long a shared tier's publish claim holds (index.claim): far longer than a batch's upload takes,
+# short enough that a dead writer's keys are published by another server soon after.
+CLAIM_TTL_S = 60.0
+# A shared tier's uploads in flight at once (its write workers): an object store answers each PUT
+# after a round trip, so its throughput grows with them (on this project's test machine, 16
+# against 4 published a third faster, the raw PUTs as much).
+SHARED_WRITE_WORKERS = 16
+# How old an object with neither row nor claim must be before the sweeper deletes it.
+SWEEP_GRACE_S = 600.0
+# A shared tier's put pipelines its index work with its uploads (SharedProtocol.put): its first
+# claim is of one page per write worker, so every upload thread starts after one short round trip,
+# and its last commit this small, so little of the commit is left once the uploads end.
+COMMIT_TAIL_PAGES = 32
+
+
+class SharedProtocol(StoreProtocol):
+    """The claim protocol over the store's index and bucket, as ``store.writer_id``."""
+
+    is_shared = True
+    write_step = "upload"
+    replans_always = True
+
+    @property
+    def writer_id(self) -> str:
+        return self.store.writer_id
+
+    @property
+    def claim_ttl_s(self) -> float:
+        return self.store.claim_ttl_s
+
+    # -- the put path ------------------------------------------------------------------------
+
+    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], result: PutResult) -> PutResult:
+        """Pipelined so that the index round trips overlap the uploads: the first keys, one per
+        write worker, are claimed and their uploads started, the rest are claimed while those
+        upload; the rows are committed in two steps, all but the last COMMIT_TAIL_PAGES pages
+        while those still upload. Each step keeps the protocol: a key is claimed before it is
+        uploaded, and its row goes in only after its upload. The claim leaves the stored keys out
+        itself (no lookup before it)."""
+        todo: Todo = {}
+        for p, t in zip(pages, arrays):
+            if p.key in todo:
+                result.deduplicated.append(p.key)
+                self.index.count_event(p.namespace, "dedup_hits")
+            else:
+                todo[p.key] = (p, t)
+        keys = list(todo)
+        futures: dict[bytes, Future] = {}
+        claimed: list[bytes] = []
+        committed: list[bytes] = []
+        quotas: dict[str, int | None] = {}  # each namespace's, read once for the put (both commits)
+        workers = self.store.num_workers
+        try:
+            parts = (keys[:workers], keys[workers:])
+            for i, part in enumerate(parts):
+                won = {k: todo[k] for k in part}
+                if won and not self.claim(won, result):  # the index did not answer: those pages
+                    rest = list(itertools.chain.from_iterable(parts[i + 1:]))  # failed, and so do the rest
+                    self.count_failed(todo, rest, result, result.failed[part[0]])
+                    break
+                claimed += won
+                futures.update(self.submit(won, self.encode_and_upload))
+            order = [k for k in keys if k in futures]  # chain order: parents commit before children
+            split = max(len(order) - COMMIT_TAIL_PAGES, 0)
+            for part in (order[:split], order[split:]):
+                if written := self.collect({k: futures[k] for k in part}, todo, result):
+                    committed += self.publish(todo, written, result, quotas)
+        finally:
+            for fut in futures.values():
+                fut.cancel()  # (an unexpected error: what was uploaded has no row, an orphan swept later)
+            if unclaim := [k for k in claimed if k not in committed]:
+                self.release_claims(unclaim)
+        return result
+
+    def encode_and_upload(self, page: PageRef, raw: np.ndarray) -> tuple[Staged, int]:
+        """A claimed page: encoded, then uploaded write-once (not yet indexed)."""
+        staged, size = self.encode_and_stage(page, raw)
+        self.payloads.publish([staged])
+        return staged, size
+
+    def claim(self, todo: Todo, result: PutResult) -> bool:
+        """Claim the pages' keys before anything is written (``index.claim``); ``todo`` keeps the
+        keys won, and a key another writer claims is skipped as a duplicate. Returns False, with
+        every page failed, when the index cannot be reached."""
+        try:
+            mine = self.index.claim(list(todo), self.writer_id, self.claim_ttl_s)
+        except DBAPIError as exc:
+            for k in list(todo):
+                result.failed[k] = f"write failed: index unavailable: {exc.orig}"
+                self.index.count_event(todo.pop(k)[0].namespace, "write_errors")
+            self.writes.failed("claim", exc, num_pages=len(result.failed))
+            return False
+        for key in [k for k in todo if k not in mine]:
+            self.deduplicated(todo, key, result)
+        return True
+
+    def release_claims(self, keys: Sequence[bytes]) -> None:
+        try:
+            self.index.release(keys, self.writer_id)
+        except DBAPIError as exc:  # they lapse after claim_ttl_s
+            self.writes.failed("claim release", exc, num_pages=0)
+
+    def bounded(self, quotas: dict[str, int | None]) -> bool:
+        """A capacity or a namespace quota applies: another server's put between this one's room
+        check and its row commit would take the room this one found (each would fit alone; both
+        would not)."""
+        if self.store.capacity_bytes is not None:
+            return True
+        return any(quota is not None for quota in quotas.values())
+
+    def publish_payloads(self, staged: list[Staged]) -> None:
+        pass  # uploaded as they were encoded, under this writer's claims
+
+    def commit_rows(self, rows: list[ChunkRow], todo: Todo, result: PutResult) -> list[bytes]:
+        held = self.index.insert_claimed(rows, self.writer_id)  # the row replaces the claim
+        lost = [r.key for r in rows if r.key not in held]
+        # A claim that lapsed while this put ran, and another took: the key is theirs now (its
+        # object may be theirs too, or being deleted), so it is left alone.
+        self.count_failed(todo, lost, result, "publish failed: the claim lapsed before the row was committed")
+        return [r.key for r in rows if r.key in held]
+
+    def reject(self, key: bytes, staged: Staged) -> None:
+        super().reject(key, staged)
+        try:  # uploaded already, under this writer's claim: it goes again
+            self.payloads.delete(key)
+        except PayloadsUnavailable:  # else an orphan, swept later
+            pass
+
+    # -- deletes -----------------------------------------------------------------------------
+
+    def drop(self, victims: Sequence[ChunkRow | Victim]) -> None:
+        if not victims:
+            return
+        keys = [v.key for v in victims]
+        # Row first, then the object, with the keys claimed meanwhile so that no other writer
+        # uploads one of them while its object is being deleted.
+        self.index.delete_claiming(keys, self.writer_id, self.claim_ttl_s)
+        try:
+            self.payloads.delete_many(keys)
+        except PayloadsUnavailable as exc:  # the claims lapse; the sweeper deletes the objects
+            self.writes.failed("object delete", exc, num_pages=0)
+        else:
+            self.release_claims(keys)
+        for v in victims:
+            self.index.count_event(v.namespace, "evictions")
+
+    def delete_claimed(self, keys: Sequence[bytes]) -> int:
+        """Claim ``keys`` (wins only unclaimed or lapsed ones, and never a key with a row), delete
+        the objects of those won, release the claims; returns how many objects went."""
+        won = list(self.index.claim(keys, self.writer_id, self.claim_ttl_s)) if keys else []
+        if won:
+            self.payloads.delete_many(won)
+            self.release_claims(won)
+        return len(won)
+
+    # -- a read's clean-up and offline care ---------------------------------------------------
+
+    def quarantine(self, key: bytes, page: PageRef | None, row: ChunkRow | None) -> str | None:
+        """The object is checked again under a claim of this writer's (no other writer uploads the
+        key while it moves), and only the row seen before the check goes (a chunk another server
+        stored again since keeps its new row); an object with no row (an orphan) is claimed as a
+        put would claim it."""
+        seen = self.index.rows([key]).get(key)
+        if seen is None:
+            if key not in self.index.claim([key], self.writer_id, self.claim_ttl_s):
+                return None  # another writer's put, eviction or sweep holds it
+        try:
+            check = self.store.verify_file(key, page, row=row)
+            if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
+                return None
+            if seen is not None and not self.index.delete_unchanged({key: seen.created_at},
+                                                                    (self.writer_id, self.claim_ttl_s)):
+                return None
+            return self.payloads.quarantine(key)
+        finally:
+            self.release_claims([key])
+
+    def drop_missing(self, keys: Sequence[bytes]) -> int:
+        with self.index.write_lock:
+            seen = self.index.rows(keys)
+            try:
+                gone = [k for k in keys if k in seen and not self.payloads.exists(k)]
+            except PayloadsUnavailable:  # asked again on a later miss
+                return 0
+            if not gone:
+                return 0
+            # Only the rows seen before the look at their objects: a chunk another server stored
+            # again since keeps its new row.
+            return len(self.index.delete_unchanged({k: seen[k].created_at for k in gone}))
+
+    def adopt(self, rows: Sequence[ChunkRow]) -> int:
+        """Under the protocol: a key another writer claims is left to it, and an object gone once
+        claimed gets no row."""
+        with self.index.write_lock:
+            mine = self.index.claim([r.key for r in rows], self.writer_id, self.claim_ttl_s)
+            try:
+                there = [r for r in rows if r.key in mine and self.payloads.exists(r.key)]
+                return len(self.index.insert_claimed(there, self.writer_id))
+            finally:
+                if mine:
+                    self.release_claims(list(mine))
+
+    def sweep(self, grace_s: float) -> SweepResult:
+        return sweep(self, grace_s)
+
+    def lapsed_claims(self, now: float | None, limit: int) -> list[tuple[bytes, str]]:
+        return self.index.lapsed_claims(now, limit)
+
+    def claimed_keys(self, keys: Sequence[bytes]) -> set[bytes]:
+        return self.index.claimed(keys)
+
+    def stats(self, stats: StoreStats) -> StoreStats:
+        """The tier's figures with its claims, this server's read health and every server's
+        counts, this one's first."""
+        claims, lapsed = self.index.claim_counts()
+        servers = server_stats(self.index.server_counts(), self.index.server_name, time.time())
+        shared = SharedTierStats(payload_store=self.payloads.shared_name, index=self.index.name,
+                                 writer_id=self.writer_id, claims=claims, lapsed_claims=lapsed,
+                                 read_health=self.store._reads.health(), server_name=self.index.server_name,
+                                 servers=servers, local_copy=self.payloads.local_copy_stats(),
+                                 bucket=listing_of(self.index.get_meta(BUCKET_LISTING_META)))
+        return dataclasses.replace(stats, shared=shared)
