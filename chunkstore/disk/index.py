@@ -15,7 +15,8 @@ Counters (per namespace, and per server in ``server_counters``: one row per proc
 read by a shared tier's stats) are buffered and written with write transactions made anyway. The
 index is the store's own (ChunkStore._index): other parts call the store's methods. The database file is
 created 0600 before SQLite opens it (SQLite gives the -wal and -shm files the main file's mode),
-and a writer makes existing index files 0600.
+and a writer makes existing index files 0600. What SQLite and PostgreSQL do differently is one
+object's (``self.dialect``, index_dialect.py): no method here asks which database it is on.
 """
 
 from __future__ import annotations
@@ -29,27 +30,29 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
-from sqlalchemy import (LargeBinary, and_, any_, bindparam, column, create_engine, event, func, literal, or_, select,
-                        table, text, tuple_, update)
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy import and_, bindparam, create_engine, func, or_, select, text, tuple_, update
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from chunkstore.choices import Choice
 from chunkstore.disk import migrations
-from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
+# What differs between SQLite and PostgreSQL, and the URL helpers, owned there; importable from here.
+from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, IndexDialect, IndexMissingError, batches, db_files,
+                                          dialect_for, display_url, index_backend, prepare_db_files, release_in,
+                                          row_values, sqlite_path, sqlite_url)
 from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counters, namespace_quotas, namespace_usage,
                                     server_counters, store_meta)
 
-DB_FILENAME = "index.db"
-_IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
-_MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
-_EVICTOR_LOCK = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
 EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
+__all__ = [
+    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "Leaf", "NamespaceUsage", "ServerCounts", "Victim",
+    "drop_index", "upgrade_index", "default_server_name", "EVICTOR_LOCK_TIMEOUT_S", "SERVER_EVENTS",
+    "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S",
+    # owned by index_dialect.py
+    "BACKENDS", "DB_FILENAME", "IndexDialect", "IndexMissingError", "db_files", "dialect_for", "display_url",
+    "index_backend", "prepare_db_files", "sqlite_path", "sqlite_url",
+]
 # Per-server counters (schema 0006): the events counted per server beside their namespace's counter
 # (``count_event``), and how often a write transaction carries them (an explicit flush always does,
 # and writes the server's row even with nothing to add: ``last_seen_at`` then says it is alive).
@@ -146,162 +149,28 @@ class ChunkQuery:
 
 _ORDER_COLUMNS = {ChunkOrder.LAST_ACCESS: chunks.c.last_access_at, ChunkOrder.HITS: chunks.c.hit_count,
                   ChunkOrder.SIZE: chunks.c.stored_bytes, ChunkOrder.CREATED: chunks.c.created_at}
-# A per-query key list, in the connection's temp schema: created inside the read transaction, so
-# the rollback that ends it removes the table again. No SQLite variable limit applies to it.
-_QUERY_KEYS = table("chunk_query_keys", column("key"), schema="temp")
-
-
-BACKENDS = ("sqlite", "postgresql")
-
-
-def index_backend(url: str) -> str:
-    """``"sqlite"`` or ``"postgresql"``: the database an index URL names. Raises ValueError for a
-    URL that is not one, or names another database."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError as exc:
-        raise ValueError(f"not a database URL: {url!r}") from exc
-    backend = parsed.get_backend_name()
-    if backend not in BACKENDS:
-        raise ValueError(f"index URL {parsed.render_as_string()!r}: only sqlite:///PATH and "
-                         "postgresql+psycopg://USER@HOST/DATABASE URLs are supported")
-    return backend
-
-
-def display_url(url: str) -> str:
-    """The URL with its password hidden (for messages and logs)."""
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def sqlite_url(folder: str | os.PathLike) -> str:
-    """The URL of the index kept in a store's folder (``index.db`` there): the default."""
-    return f"sqlite:///{Path(folder) / DB_FILENAME}"
-
-
-def sqlite_path(url: str) -> Path:
-    """The database file of a SQLite index URL. Raises ValueError for a URL that is not one, for
-    another database and for an in-memory database (an index must outlive the process)."""
-    if index_backend(url) != "sqlite":
-        raise ValueError(f"index URL {display_url(url)!r} is not a SQLite file")
-    parsed = make_url(url)
-    if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
-        raise ValueError(f"index URL {url!r} names no database file (write sqlite:///PATH)")
-    return Path(parsed.database)
-
-
-def db_files(url: str) -> list[Path]:
-    """The index file of ``url`` and its WAL and shared-memory files."""
-    db = sqlite_path(url)
-    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
-
-
-def prepare_db_files(url: str) -> None:
-    """Create the index file empty with mode 0600 unless it exists (an empty file is an empty
-    SQLite database), and make the existing index, WAL and shared-memory files 0600: SQLite
-    creates files 0644, and the -wal and -shm files with the main file's mode."""
-    db = sqlite_path(url)
-    try:
-        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
-    except FileExistsError:
-        pass
-    for f in db_files(url):
-        make_private(f, PRIVATE_FILE_MODE)
-
-
 def drop_index(url: str) -> None:
     """Delete the index of ``url`` (for a rebuild from the chunk headers); the payloads stay. On
     PostgreSQL, the index's tables (the database stays)."""
-    if index_backend(url) == "postgresql":
-        from chunkstore.disk.schema import metadata
-
-        engine = create_engine(url)
-        try:
-            with engine.begin() as conn:
-                # The management API's tables share the index's alembic history: they go too.
-                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {migrations.VERSION_TABLE}, stats_history")
-                metadata.drop_all(conn)
-                conn.exec_driver_sql("DROP FUNCTION IF EXISTS chunks_usage_insert(), chunks_usage_delete()")
-        finally:
-            engine.dispose()
-        return
-    for f in db_files(url):
-        f.unlink(missing_ok=True)
+    dialect_for(url).drop()
 
 
-def _upgrade_in(conn: Connection) -> tuple[str | None, str]:
-    if conn.dialect.name == "postgresql":  # one migration at a time, however many servers start at once
-        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
+def _upgrade_in(conn: Connection, dialect: IndexDialect) -> tuple[str | None, str]:
+    dialect.lock_migrations(conn)  # one migration at a time, however many servers start at once
     return migrations.upgrade(conn)
 
 
 def upgrade_index(url: str) -> tuple[str | None, str]:
     """Migrate the index at ``url`` to the newest schema (``chunkstore db upgrade``); returns (revision
     before, head). A new SQLite file is made 0600 first. Raises ValueError for an unsupported URL."""
-    if index_backend(url) == "sqlite":
-        prepare_db_files(url)  # SQLite would create the index (and its WAL) 0644
+    dialect = dialect_for(url)
+    dialect.prepare(read_only=False, must_exist=False)  # SQLite would create the index (and its WAL) 0644
     engine = create_engine(url)
     try:
         with engine.begin() as conn:
-            return _upgrade_in(conn)
+            return _upgrade_in(conn, dialect)
     finally:
         engine.dispose()
-
-
-class IndexMissingError(RuntimeError):
-    """The SQLite index is gone while chunk files remain: `chunkstore rebuild` recreates it."""
-
-
-def _on_connect(dbapi_conn, _record) -> None:
-    # pysqlite's own transaction handling runs DDL outside transactions, so a crash in the first
-    # migration would leave half a schema; let SQLAlchemy's begin event issue BEGIN instead.
-    dbapi_conn.isolation_level = None
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.close()
-
-
-def _on_begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN")
-
-
-def _batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
-# A shared tier's publish statements on PostgreSQL: constant text over arrays (one round trip per
-# batch, and nothing for SQLAlchemy to compile per batch size, which cost more than the query).
-_PG_CLAIM = ("INSERT INTO chunk_claims AS c (key, writer, expires_at) "
-             "SELECT k, %(writer)s, %(expires_at)s FROM unnest(%(keys)b::bytea[]) WITH ORDINALITY AS t(k, i) "
-             "WHERE NOT EXISTS (SELECT 1 FROM chunks WHERE chunks.key = t.k) ORDER BY i "
-             "ON CONFLICT (key) DO UPDATE SET writer = excluded.writer, expires_at = excluded.expires_at "
-             "WHERE c.expires_at < %(now)s RETURNING key")
-_ROW_COLUMNS = (("key", "bytea"), ("parent_key", "bytea"), ("namespace", "text"), ("num_tokens", "integer"),
-                ("raw_bytes", "bigint"), ("stored_bytes", "bigint"), ("created_at", "float8"),
-                ("last_access_at", "float8"), ("hit_count", "bigint"), ("pinned", "boolean"))
-_ROW_NAMES = ", ".join(name for name, _ in _ROW_COLUMNS)
-# The claims of ``writer`` on the rows' keys are deleted and a row inserted for each claim held;
-# answers (key, whether its row went in) for each claim held.
-_PG_COMMIT_CLAIMED = (
-    "WITH held AS (DELETE FROM chunk_claims WHERE key = ANY(%(key)b) AND writer = %(writer)s RETURNING key), "
-    f"added AS (INSERT INTO chunks ({_ROW_NAMES}) "
-    f"SELECT * FROM unnest({', '.join(f'%({name})b::{kind}[]' for name, kind in _ROW_COLUMNS)}) AS r({_ROW_NAMES}) "
-    "WHERE r.key IN (SELECT key FROM held) ON CONFLICT DO NOTHING RETURNING key) "
-    "SELECT held.key, added.key IS NOT NULL FROM held LEFT JOIN added ON added.key = held.key")
-
-
-def _row_arrays(rows: Sequence[ChunkRow]) -> dict[str, list]:
-    """``rows`` as one array per column (``_PG_COMMIT_CLAIMED``'s parameters)."""
-    return {name: [getattr(r, name) for r in rows] for name, _ in _ROW_COLUMNS}
-
-
-def _row_values(rows: Iterable[ChunkRow]) -> list[dict]:
-    return [dict(key=r.key, parent_key=r.parent_key, namespace=r.namespace, num_tokens=r.num_tokens,
-                 raw_bytes=r.raw_bytes, stored_bytes=r.stored_bytes, created_at=r.created_at,
-                 last_access_at=r.last_access_at, hit_count=r.hit_count, pinned=r.pinned)
-            for r in rows]
 
 
 class ChunkIndex:
@@ -317,25 +186,19 @@ class ChunkIndex:
             raise ValueError("server_name must not be empty")
         self.url = url
         self.server_name = server_name or default_server_name()
-        self.backend = index_backend(url)
-        self.is_sqlite = self.backend == "sqlite"
-        self.path = sqlite_path(url) if self.is_sqlite else None
-        self.name = str(self.path) if self.is_sqlite else display_url(url)
+        # What SQLite and PostgreSQL do differently, in one object (index_dialect.py).
+        self.dialect: IndexDialect = dialect_for(url)
+        self.backend = self.dialect.name
+        self.path = self.dialect.path
+        self.name = self.dialect.name_shown
         self.read_only = read_only
-        if self.is_sqlite and (read_only or must_exist) and not self.path.is_file():
-            raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path "
-                                    f"{self.path.parent}`")
-        if self.is_sqlite and not read_only:
-            prepare_db_files(url)
-        # A server that went away and came back: a pooled connection is tested before it is used.
-        self.engine: Engine = create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=not self.is_sqlite)
+        self.dialect.prepare(read_only=read_only, must_exist=must_exist)
+        self.engine: Engine = create_engine(url, pool_size=8, max_overflow=8, pool_pre_ping=self.dialect.pool_pre_ping)
         # PostgreSQL: a put's claim and row commit are one statement each, sent in autocommit: one
         # round trip where a transaction takes three (BEGIN, the statement, COMMIT).
         self._autocommit: Engine = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        if self.is_sqlite:
-            event.listen(self.engine, "connect", _on_connect)
-            event.listen(self.engine, "begin", _on_begin)
-        self._insert = sqlite_insert if self.is_sqlite else postgresql_insert
+        self.dialect.configure(self.engine)
+        self._insert = self.dialect.insert
         self.write_lock = threading.RLock()
         self._pending_touch: dict[bytes, tuple[int, float]] = {}
         self._pending_counts: Counter[tuple[str, str]] = Counter()
@@ -343,7 +206,6 @@ class ChunkIndex:
         self._server_written_at = 0.0  # when this server's row was last written (time.time())
         self._pruned_at = 0.0
         self._pending_lock = threading.Lock()
-        self._evictor = threading.local()  # .held: this thread holds evictor_lock (PostgreSQL)
         # The writer's quotas, read once per namespace: only set_quota changes them while this
         # process holds the store's writer lock (every put asks, per namespace).
         self._quotas: dict[str, int | None] = {}
@@ -352,14 +214,12 @@ class ChunkIndex:
         self.generation = 0
         with self.engine.begin() as conn:
             revision = migrations.current_revision(conn)
-            if not self.is_sqlite and revision is None and (read_only or must_exist):
-                raise IndexMissingError(f"the index {self.name} has no chunkstore tables; run `chunkstore rebuild` "
-                                        "(payloads exist) or open the store for writing once")
+            self.dialect.check_tables(revision, must_have=read_only or must_exist)
             if read_only:
                 if revision != migrations.head_revision():
                     raise RuntimeError(f"index {self.name} is not at the current schema; run `chunkstore db upgrade`")
             else:
-                _upgrade_in(conn)
+                _upgrade_in(conn, self.dialect)
 
     def close(self) -> None:
         """Write the buffered counters and dispose of the connections (even when that write
@@ -388,7 +248,6 @@ class ChunkIndex:
         plain DB-API statements on a pooled connection: SQLAlchemy's statement building cost ten
         times the query. On PostgreSQL the one statement runs in autocommit: one round trip, where
         a transaction adds a BEGIN before it and a ROLLBACK when the connection goes back."""
-        found: set[bytes] = set()
         try:
             conn = self.engine.raw_connection()
         except DBAPIError:
@@ -396,29 +255,15 @@ class ChunkIndex:
         except self.engine.dialect.loaded_dbapi.Error as exc:  # a raw connection's errors are the driver's
             raise OperationalError("connect", None, exc) from exc
         try:
-            cursor = conn.cursor()
-            if self.is_sqlite:
-                for batch in _batches(list(keys)):
-                    sql = f"SELECT key FROM chunks WHERE key IN ({','.join('?' * len(batch))})"
-                    found.update(row[0] for row in cursor.execute(sql, list(batch)))
-            elif keys:  # one round trip for the whole prefix
-                conn.driver_connection.autocommit = True
-                cursor.execute("SELECT key FROM chunks WHERE key = ANY(%b)", [list(keys)])
-                found.update(bytes(row[0]) for row in cursor.fetchall())
-            cursor.close()
+            return self.dialect.present(conn, keys)
         finally:
-            if not self.is_sqlite:  # as the pool's other users expect it (a local setting)
-                try:
-                    conn.driver_connection.autocommit = False
-                except self.engine.dialect.loaded_dbapi.Error:  # mid-answer, or closed:
-                    conn.invalidate()  # never back into the pool in autocommit
+            self.dialect.after_raw(conn, self.engine.dialect.loaded_dbapi.Error)
             conn.close()
-        return found
 
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, ChunkRow]:
         out: dict[bytes, ChunkRow] = {}
         with self.engine.connect() as conn:
-            for batch in _batches(list(keys)):
+            for batch in batches(list(keys)):
                 stmt = select(chunks).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 for r in conn.execute(stmt, {"keys": list(batch)}).mappings():
                     out[r["key"]] = ChunkRow(**r)
@@ -459,7 +304,7 @@ class ChunkIndex:
 
     def quota(self, namespace: str) -> int | None:
         # Another process may set it: a read-only store's writer, a shared tier's other servers.
-        if self.read_only or not self.is_sqlite:
+        if self.read_only or not self.dialect.caches_quota:
             return self._read_quota(namespace)
         with self.write_lock:  # filled and changed only under it, so never from a stale read
             if namespace not in self._quotas:
@@ -519,18 +364,11 @@ class ChunkIndex:
         if query.accessed_after is not None:
             conds.append(c.last_access_at >= query.accessed_after)
         if query.keys is not None:
-            if self.is_sqlite:
-                conds.append(c.key.in_(select(_QUERY_KEYS.c.key)))
-            else:  # one array parameter, however many keys
-                conds.append(c.key == any_(literal(list(query.keys), ARRAY(LargeBinary))))
+            conds.append(self.dialect.keys_condition(query.keys))
         return conds
 
     def _load_query_keys(self, conn: Connection, query: ChunkQuery) -> None:
-        if query.keys is not None and self.is_sqlite:
-            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS chunk_query_keys (key BLOB PRIMARY KEY)")
-            conn.exec_driver_sql("DELETE FROM temp.chunk_query_keys")
-            conn.exec_driver_sql("INSERT OR IGNORE INTO temp.chunk_query_keys VALUES (?)",
-                                 [(k,) for k in query.keys])
+        self.dialect.load_query_keys(conn, query.keys)
 
     def list_chunks(self, query: ChunkQuery = ChunkQuery(), *, order: ChunkOrder = ChunkOrder.LAST_ACCESS,
                     descending: bool = True, limit: int = 100,
@@ -569,7 +407,7 @@ class ChunkIndex:
         """The stored chunks that extend each of ``keys`` by one page (only keys that have some)."""
         out: dict[bytes, list[bytes]] = {}
         with self.engine.connect() as conn:
-            for batch in _batches(list(keys)):
+            for batch in batches(list(keys)):
                 stmt = select(chunks.c.parent_key, chunks.c.key).where(
                     chunks.c.parent_key.in_(bindparam("keys", expanding=True)))
                 for parent, child in conn.execute(stmt, {"keys": list(batch)}):
@@ -641,7 +479,7 @@ class ChunkIndex:
     def insert(self, rows: Iterable[ChunkRow]) -> int:
         """Insert rows, ignoring keys already present; returns how many were new (counted from the
         keys the statement returns: an executemany's rowcount is -1 on PostgreSQL)."""
-        values = _row_values(rows)
+        values = row_values(rows)
         if not values:
             return 0
         with self._writing() as conn:
@@ -653,7 +491,7 @@ class ChunkIndex:
     def delete(self, keys: Sequence[bytes]) -> int:
         n = 0
         with self._writing() as conn:
-            for batch in _batches(list(keys)):
+            for batch in batches(list(keys)):
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
         return n
@@ -700,28 +538,10 @@ class ChunkIndex:
         ordered = sorted(set(keys))
         if not ordered:
             return set()
-        if not self.is_sqlite:  # one statement of constant text over arrays, in autocommit
-            with self.write_lock, self._autocommit.connect() as conn:
-                return {bytes(k) for k in conn.exec_driver_sql(_PG_CLAIM, {
-                    "keys": ordered, "writer": writer, "expires_at": now + ttl_s, "now": now}).scalars()}
-        with self.write_lock, self.engine.begin() as conn:
-            won: set[bytes] = set()
-            for batch in _batches(ordered):
-                stmt = self._insert(chunk_claims).values(
-                    [{"key": k, "writer": writer, "expires_at": now + ttl_s} for k in batch])
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["key"],
-                    set_={"writer": stmt.excluded.writer, "expires_at": stmt.excluded.expires_at},
-                    where=chunk_claims.c.expires_at < now).returning(chunk_claims.c.key)
-                won.update(bytes(k) for k in conn.execute(stmt).scalars())
-            # SQLite has one writer at a time: a key with a row is released in the same transaction.
-            stored: set[bytes] = set()
-            for batch in _batches(list(won)):
-                stmt = select(chunks.c.key).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
-                stored.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
-            if stored:
-                self._release_in(conn, list(stored), writer)
-        return won - stored
+        # PostgreSQL: one statement of constant text over arrays, in autocommit.
+        with self.write_lock, (self._autocommit.connect() if self.dialect.one_statement
+                               else self.engine.begin()) as conn:
+            return self.dialect.claim(conn, ordered, writer, now + ttl_s, now)
 
     def insert_claimed(self, rows: Sequence[ChunkRow], writer: str) -> set[bytes]:
         """Commit the rows of keys ``writer`` claimed and uploaded: in one transaction, its claims on
@@ -730,37 +550,15 @@ class ChunkIndex:
         another writer) is not its to commit, so that key gets no row from it."""
         if not rows:
             return set()
-        held: set[bytes] = set()
-        with self._writing(one_statement=not self.is_sqlite) as conn:
-            if self.is_sqlite:
-                for batch in _batches([r.key for r in rows]):
-                    stmt = (chunk_claims.delete()
-                            .where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
-                                   chunk_claims.c.writer == writer)
-                            .returning(chunk_claims.c.key))
-                    held.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
-                if mine := [r for r in rows if r.key in held]:
-                    conn.execute(self._insert(chunks).on_conflict_do_nothing(), _row_values(mine))
-                added = len(held)
-            else:  # one statement of constant text (arrays): the claims go, the rows come
-                answer = conn.exec_driver_sql(_PG_COMMIT_CLAIMED, {"writer": writer, **_row_arrays(rows)}).all()
-                held = {bytes(k) for k, _ in answer}
-                added = sum(1 for _, inserted in answer if inserted)  # (else another writer's row was there)
+        with self._writing(one_statement=self.dialect.one_statement) as conn:
+            held, added = self.dialect.insert_claimed(conn, rows, writer)
         self._count_published(added)
         return held
 
     def release(self, keys: Iterable[bytes], writer: str) -> int:
         """Drop ``writer``'s claims on ``keys`` (a failed upload, or done); returns how many."""
         with self.write_lock, self.engine.begin() as conn:
-            return self._release_in(conn, list(keys), writer)
-
-    def _release_in(self, conn: Connection, keys: Sequence[bytes], writer: str) -> int:
-        n = 0
-        for batch in _batches(list(keys)):
-            stmt = chunk_claims.delete().where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
-                                               chunk_claims.c.writer == writer)
-            n += conn.execute(stmt, {"keys": list(batch)}).rowcount
-        return n
+            return release_in(conn, list(keys), writer)
 
     def delete_claiming(self, keys: Sequence[bytes], writer: str, ttl_s: float, now: float | None = None) -> int:
         """Delete the rows of ``keys`` and claim the keys for ``writer`` in one transaction (an
@@ -769,7 +567,7 @@ class ChunkIndex:
         now = time.time() if now is None else now
         n = 0
         with self._writing() as conn:
-            for batch in _batches(sorted(set(keys))):  # in key order, as claim
+            for batch in batches(sorted(set(keys))):  # in key order, as claim
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
                 claim = self._insert(chunk_claims).values(
@@ -799,7 +597,7 @@ class ChunkIndex:
         """The keys among ``keys`` that some writer claims now (lapsed or not)."""
         found: set[bytes] = set()
         with self.engine.connect() as conn:
-            for batch in _batches(list(keys)):
+            for batch in batches(list(keys)):
                 stmt = select(chunk_claims.c.key).where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)))
                 found.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
         return found
@@ -820,27 +618,14 @@ class ChunkIndex:
         sqlalchemy's OperationalError); on SQLite, whose index has one writer, nothing more than
         ``write_lock``. Reentrant in a thread (a put holds it around its room check and its row
         commit, and evicts inside). Take ``write_lock`` first when holding both."""
-        if self.is_sqlite:
-            with self.write_lock:
-                yield
-            return
-        if getattr(self._evictor, "held", False):
+        with self.dialect.evictor_lock(self.engine, self.write_lock, timeout_s):
             yield
-            return
-        with self.engine.connect() as conn, conn.begin():
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
-            self._evictor.held = True
-            try:
-                yield
-            finally:
-                self._evictor.held = False
 
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:
         n = 0
         with self.write_lock:
             with self.engine.begin() as conn:
-                for batch in _batches(list(keys)):
+                for batch in batches(list(keys)):
                     stmt = (update(chunks).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                             .values(pinned=pinned))
                     n += conn.execute(stmt, {"keys": list(batch)}).rowcount
@@ -959,12 +744,10 @@ class ChunkIndex:
 
     def _greater(self, a, b):
         """The larger of two values (SQLite's two-argument ``max``, PostgreSQL's ``greatest``)."""
-        return func.max(a, b) if self.is_sqlite else func.greatest(a, b)
+        return self.dialect.greater(a, b)
 
     def checkpoint(self) -> None:
         """Fold SQLite's write-ahead log into the database file; nothing on PostgreSQL (its server
         checkpoints)."""
-        if not self.is_sqlite:
-            return
         with self.write_lock, self.engine.connect() as conn:
-            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.dialect.checkpoint(conn)

@@ -185,7 +185,7 @@ class ChunkStore(IndexReads, EvictionOps):
             # hide every chunk): it asks for `chunkstore rebuild` instead.
             self._index = index_factory(url, read_only=read_only,
                                         must_exist=not reset_index and self.payloads.has_any())
-            if not getattr(self._index, "is_sqlite", True):
+            if self._index.dialect.serves_many_stores:
                 claim_index(self._index, self.root, identity, read_only=read_only,
                             allow_other_models=allow_other_models, shared_name=self.payloads.shared_name)
             if read_only:

@@ -1,0 +1,369 @@
+"""What the chunk index does differently on SQLite and on PostgreSQL, in one object per database
+(``dialect_for(url)``), so that ChunkIndex states each operation once.
+
+Invariants: both dialects give the same answers to the same calls (tests/test_store_postgres.py
+and the shared-tier suites run the store's contract on both); SQLite has one writer at a time, so
+its evictor lock is the index's write lock and a claim releases a key with a row in the same
+transaction; on PostgreSQL every hot statement is constant text over arrays (``%b``: binary, no
+per-element quoting in Python), sent in autocommit when it is alone (one round trip), and a raw
+connection goes back to the pool transactional, or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import LargeBinary, any_, bindparam, column, create_engine, event, func, literal, select, table
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+
+from chunkstore.disk import migrations
+from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
+from chunkstore.disk.schema import chunk_claims, chunks
+
+DB_FILENAME = "index.db"
+BACKENDS = ("sqlite", "postgresql")
+_IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
+_MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
+_EVICTOR_LOCK = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
+# A per-query key list, in the connection's temp schema: created inside the read transaction, so
+# the rollback that ends it removes the table again. No SQLite variable limit applies to it.
+_QUERY_KEYS = table("chunk_query_keys", column("key"), schema="temp")
+
+
+class IndexMissingError(RuntimeError):
+    """The SQLite index is gone while chunk files remain: `chunkstore rebuild` recreates it."""
+
+
+# -- URLs ------------------------------------------------------------------------------------
+
+def index_backend(url: str) -> str:
+    """``"sqlite"`` or ``"postgresql"``: the database an index URL names. Raises ValueError for a
+    URL that is not one, or names another database."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ValueError(f"not a database URL: {url!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend not in BACKENDS:
+        raise ValueError(f"index URL {parsed.render_as_string()!r}: only sqlite:///PATH and "
+                         "postgresql+psycopg://USER@HOST/DATABASE URLs are supported")
+    return backend
+
+
+def display_url(url: str) -> str:
+    """The URL with its password hidden (for messages and logs)."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def sqlite_url(folder: str | os.PathLike) -> str:
+    """The URL of the index kept in a store's folder (``index.db`` there): the default."""
+    return f"sqlite:///{Path(folder) / DB_FILENAME}"
+
+
+def sqlite_path(url: str) -> Path:
+    """The database file of a SQLite index URL. Raises ValueError for a URL that is not one, for
+    another database and for an in-memory database (an index must outlive the process)."""
+    if index_backend(url) != "sqlite":
+        raise ValueError(f"index URL {display_url(url)!r} is not a SQLite file")
+    parsed = make_url(url)
+    if not parsed.database or parsed.database == ":memory:" or parsed.database.startswith("file:"):
+        raise ValueError(f"index URL {url!r} names no database file (write sqlite:///PATH)")
+    return Path(parsed.database)
+
+
+def db_files(url: str) -> list[Path]:
+    """The index file of ``url`` and its WAL and shared-memory files."""
+    db = sqlite_path(url)
+    return [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
+
+
+def prepare_db_files(url: str) -> None:
+    """Create the index file empty with mode 0600 unless it exists (an empty file is an empty
+    SQLite database), and make the existing index, WAL and shared-memory files 0600: SQLite
+    creates files 0644, and the -wal and -shm files with the main file's mode."""
+    db = sqlite_path(url)
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE))
+    except FileExistsError:
+        pass
+    for f in db_files(url):
+        make_private(f, PRIVATE_FILE_MODE)
+
+
+def batches(items: Sequence, size: int = _IN_BATCH) -> Iterator[Sequence]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def row_values(rows: Iterable[Any]) -> list[dict]:
+    """ChunkRows as the ``chunks`` table's insert parameters."""
+    return [dict(key=r.key, parent_key=r.parent_key, namespace=r.namespace, num_tokens=r.num_tokens,
+                 raw_bytes=r.raw_bytes, stored_bytes=r.stored_bytes, created_at=r.created_at,
+                 last_access_at=r.last_access_at, hit_count=r.hit_count, pinned=r.pinned)
+            for r in rows]
+
+
+def release_in(conn: Connection, keys: Sequence[bytes], writer: str) -> int:
+    """Delete ``writer``'s claims on ``keys`` in the caller's transaction; returns how many."""
+    n = 0
+    for batch in batches(list(keys)):
+        stmt = chunk_claims.delete().where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)),
+                                           chunk_claims.c.writer == writer)
+        n += conn.execute(stmt, {"keys": list(batch)}).rowcount
+    return n
+
+
+# -- the two dialects ---------------------------------------------------------------------------
+
+class SqliteDialect:
+    """A SQLite file (WAL, synchronous=NORMAL), one writer at a time."""
+
+    name = "sqlite"
+    insert = staticmethod(sqlite_insert)
+    one_statement = False  # no round trips to save
+    pool_pre_ping = False
+    caches_quota = True  # only the process holding the store's writer lock changes a quota
+    serves_many_stores = False  # a file in (or beside) its store's folder
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path: Path | None = sqlite_path(url)
+        self.name_shown = str(self.path)
+
+    def prepare(self, *, read_only: bool, must_exist: bool) -> None:
+        """Before the engine opens: IndexMissingError for a missing file that must be there; a
+        writer's new file is made 0600 first."""
+        if (read_only or must_exist) and not self.path.is_file():
+            raise IndexMissingError(f"the index {self.path} is missing; run `chunkstore rebuild --disk-path "
+                                    f"{self.path.parent}`")
+        if not read_only:
+            prepare_db_files(self.url)
+
+    def configure(self, engine: Engine) -> None:
+        event.listen(engine, "connect", _on_connect)
+        event.listen(engine, "begin", _on_begin)
+
+    def check_tables(self, revision: str | None, *, must_have: bool) -> None:
+        pass  # a missing file was refused by ``prepare``; an empty one is a new index
+
+    def present(self, conn: Any, keys: Sequence[bytes]) -> set[bytes]:
+        found: set[bytes] = set()
+        cursor = conn.cursor()
+        for batch in batches(list(keys)):
+            sql = f"SELECT key FROM chunks WHERE key IN ({','.join('?' * len(batch))})"
+            found.update(row[0] for row in cursor.execute(sql, list(batch)))
+        cursor.close()
+        return found
+
+    def after_raw(self, conn: Any, errors: type[Exception]) -> None:
+        pass
+
+    def keys_condition(self, keys: frozenset[bytes]):
+        return chunks.c.key.in_(select(_QUERY_KEYS.c.key))
+
+    def load_query_keys(self, conn: Connection, keys: frozenset[bytes] | None) -> None:
+        if keys is not None:
+            conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS chunk_query_keys (key BLOB PRIMARY KEY)")
+            conn.exec_driver_sql("DELETE FROM temp.chunk_query_keys")
+            conn.exec_driver_sql("INSERT OR IGNORE INTO temp.chunk_query_keys VALUES (?)", [(k,) for k in keys])
+
+    def claim(self, conn: Connection, ordered: list[bytes], writer: str, expires_at: float, now: float) -> set[bytes]:
+        won: set[bytes] = set()
+        for batch in batches(ordered):
+            stmt = self.insert(chunk_claims).values([{"key": k, "writer": writer, "expires_at": expires_at}
+                                                     for k in batch])
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["key"], set_={"writer": stmt.excluded.writer, "expires_at": stmt.excluded.expires_at},
+                where=chunk_claims.c.expires_at < now).returning(chunk_claims.c.key)
+            won.update(bytes(k) for k in conn.execute(stmt).scalars())
+        # One writer at a time: a key with a row is released in the same transaction.
+        stored: set[bytes] = set()
+        for batch in batches(list(won)):
+            stmt = select(chunks.c.key).where(chunks.c.key.in_(bindparam("keys", expanding=True)))
+            stored.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
+        if stored:
+            release_in(conn, list(stored), writer)
+        return won - stored
+
+    def insert_claimed(self, conn: Connection, rows: Sequence[Any], writer: str) -> tuple[set[bytes], int]:
+        held: set[bytes] = set()
+        for batch in batches([r.key for r in rows]):
+            stmt = (chunk_claims.delete()
+                    .where(chunk_claims.c.key.in_(bindparam("keys", expanding=True)), chunk_claims.c.writer == writer)
+                    .returning(chunk_claims.c.key))
+            held.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
+        if mine := [r for r in rows if r.key in held]:
+            conn.execute(self.insert(chunks).on_conflict_do_nothing(), row_values(mine))
+        return held, len(held)
+
+    @contextmanager
+    def evictor_lock(self, engine: Engine, write_lock: threading.RLock, timeout_s: float) -> Iterator[None]:
+        with write_lock:  # the index's one writer is the tier's one evictor
+            yield
+
+    def greater(self, a, b):
+        return func.max(a, b)  # SQLite's two-argument max
+
+    def checkpoint(self, conn: Connection) -> None:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def lock_migrations(self, conn: Connection) -> None:
+        pass  # the file's one writer
+
+    def drop(self) -> None:
+        for f in db_files(self.url):
+            f.unlink(missing_ok=True)
+
+
+# A shared tier's publish statements on PostgreSQL: constant text over arrays (one round trip per
+# batch, and nothing for SQLAlchemy to compile per batch size, which cost more than the query).
+_PG_CLAIM = ("INSERT INTO chunk_claims AS c (key, writer, expires_at) "
+             "SELECT k, %(writer)s, %(expires_at)s FROM unnest(%(keys)b::bytea[]) WITH ORDINALITY AS t(k, i) "
+             "WHERE NOT EXISTS (SELECT 1 FROM chunks WHERE chunks.key = t.k) ORDER BY i "
+             "ON CONFLICT (key) DO UPDATE SET writer = excluded.writer, expires_at = excluded.expires_at "
+             "WHERE c.expires_at < %(now)s RETURNING key")
+_ROW_COLUMNS = (("key", "bytea"), ("parent_key", "bytea"), ("namespace", "text"), ("num_tokens", "integer"),
+                ("raw_bytes", "bigint"), ("stored_bytes", "bigint"), ("created_at", "float8"),
+                ("last_access_at", "float8"), ("hit_count", "bigint"), ("pinned", "boolean"))
+_ROW_NAMES = ", ".join(name for name, _ in _ROW_COLUMNS)
+# The claims of ``writer`` on the rows' keys are deleted and a row inserted for each claim held;
+# answers (key, whether its row went in) for each claim held.
+_PG_COMMIT_CLAIMED = (
+    "WITH held AS (DELETE FROM chunk_claims WHERE key = ANY(%(key)b) AND writer = %(writer)s RETURNING key), "
+    f"added AS (INSERT INTO chunks ({_ROW_NAMES}) "
+    f"SELECT * FROM unnest({', '.join(f'%({name})b::{kind}[]' for name, kind in _ROW_COLUMNS)}) AS r({_ROW_NAMES}) "
+    "WHERE r.key IN (SELECT key FROM held) ON CONFLICT DO NOTHING RETURNING key) "
+    "SELECT held.key, added.key IS NOT NULL FROM held LEFT JOIN added ON added.key = held.key")
+
+
+class PostgresDialect:
+    """A PostgreSQL database: many writers (servers), a pool that outlives a server restart."""
+
+    name = "postgresql"
+    insert = staticmethod(postgresql_insert)
+    one_statement = True  # a lone statement runs in autocommit: one round trip, not three
+    pool_pre_ping = True  # a server that went away and came back
+    caches_quota = False  # the other servers set quotas too
+    serves_many_stores = True  # a database any store can name: it records whose it is (claim_index)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path: Path | None = None
+        self.name_shown = display_url(url)
+        self._evictor = threading.local()  # .held: this thread holds the evictor lock
+
+    def prepare(self, *, read_only: bool, must_exist: bool) -> None:
+        pass  # the database is the server's; its tables are checked once connected
+
+    def configure(self, engine: Engine) -> None:
+        pass
+
+    def check_tables(self, revision: str | None, *, must_have: bool) -> None:
+        if revision is None and must_have:
+            raise IndexMissingError(f"the index {self.name_shown} has no chunkstore tables; run `chunkstore rebuild` "
+                                    "(payloads exist) or open the store for writing once")
+
+    def present(self, conn: Any, keys: Sequence[bytes]) -> set[bytes]:
+        if not keys:
+            return set()
+        conn.driver_connection.autocommit = True  # one round trip for the whole prefix
+        cursor = conn.cursor()
+        cursor.execute("SELECT key FROM chunks WHERE key = ANY(%b)", [list(keys)])
+        found = {bytes(row[0]) for row in cursor.fetchall()}
+        cursor.close()
+        return found
+
+    def after_raw(self, conn: Any, errors: type[Exception]) -> None:
+        """Back to transactional, as the pool's other users expect it (a local setting);
+        ``errors``: the driver's base exception."""
+        try:
+            conn.driver_connection.autocommit = False
+        except errors:  # mid-answer, or closed:
+            conn.invalidate()  # never back into the pool in autocommit
+
+    def keys_condition(self, keys: frozenset[bytes]):
+        return chunks.c.key == any_(literal(list(keys), ARRAY(LargeBinary)))  # one array, however many keys
+
+    def load_query_keys(self, conn: Connection, keys: frozenset[bytes] | None) -> None:
+        pass
+
+    def claim(self, conn: Connection, ordered: list[bytes], writer: str, expires_at: float, now: float) -> set[bytes]:
+        return {bytes(k) for k in conn.exec_driver_sql(_PG_CLAIM, {
+            "keys": ordered, "writer": writer, "expires_at": expires_at, "now": now}).scalars()}
+
+    def insert_claimed(self, conn: Connection, rows: Sequence[Any], writer: str) -> tuple[set[bytes], int]:
+        arrays = {name: [getattr(r, name) for r in rows] for name, _ in _ROW_COLUMNS}
+        answer = conn.exec_driver_sql(_PG_COMMIT_CLAIMED, {"writer": writer, **arrays}).all()
+        held = {bytes(k) for k, _ in answer}
+        return held, sum(1 for _, inserted in answer if inserted)  # (else another writer's row was there)
+
+    @contextmanager
+    def evictor_lock(self, engine: Engine, write_lock: threading.RLock, timeout_s: float) -> Iterator[None]:
+        """A transaction-scoped advisory lock on a connection of its own for the block, reentrant
+        in a thread."""
+        if getattr(self._evictor, "held", False):
+            yield
+            return
+        with engine.connect() as conn, conn.begin():
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
+            self._evictor.held = True
+            try:
+                yield
+            finally:
+                self._evictor.held = False
+
+    def greater(self, a, b):
+        return func.greatest(a, b)
+
+    def checkpoint(self, conn: Connection) -> None:
+        pass  # the server checkpoints
+
+    def lock_migrations(self, conn: Connection) -> None:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")  # one server at a time
+
+    def drop(self) -> None:
+        """The index's tables, and the management API's (they share its alembic history); the
+        database stays."""
+        from chunkstore.disk.schema import metadata
+
+        engine = create_engine(self.url)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {migrations.VERSION_TABLE}, stats_history")
+                metadata.drop_all(conn)
+                conn.exec_driver_sql("DROP FUNCTION IF EXISTS chunks_usage_insert(), chunks_usage_delete()")
+        finally:
+            engine.dispose()
+
+
+IndexDialect = SqliteDialect | PostgresDialect
+
+
+def dialect_for(url: str) -> IndexDialect:
+    """The dialect of an index URL. Raises ValueError as ``index_backend`` and ``sqlite_path``."""
+    return SqliteDialect(url) if index_backend(url) == "sqlite" else PostgresDialect(url)
+
+
+def _on_connect(dbapi_conn, _record) -> None:
+    # pysqlite's own transaction handling runs DDL outside transactions, so a crash in the first
+    # migration would leave half a schema; let SQLAlchemy's begin event issue BEGIN instead.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def _on_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN")
