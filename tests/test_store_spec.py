@@ -78,6 +78,16 @@ def test_a_cache_with_a_disk_tier_gets_its_store_built(tmp_path):
         assert not store._closed  # the caller's, left open
 
 
+def test_the_page_size_is_the_identitys_and_checked_once_where_the_settings_meet_it(tmp_path):
+    config = CacheConfig(page_size=TINY.page_size * 2, device_size="4pages", host_size="8pages", use_disk=False)
+    with pytest.raises(ValueError, match="page_size"):
+        TieredCache(config, TINY)
+    with TieredCache.open(CacheConfig(page_size=TINY.page_size, device_size="4pages", host_size="8pages",
+                                      use_disk=False), TINY) as cache:
+        assert cache.page_size == cache.tree.page_size == TINY.page_size
+        assert "page_size" not in vars(cache) and "page_size" not in vars(cache.tree)  # derived, not copied
+
+
 def test_no_caller_above_the_disk_tier_constructs_a_store_itself():
     """Every command, the composition root, the cache, the API and the integrations go through
     open_store (benchmarks and test support may build stores with their own knobs)."""

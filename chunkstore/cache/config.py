@@ -176,13 +176,8 @@ class CacheConfig(BaseSettings):
     def host_size_spec(self) -> PoolSize | None:
         return PoolSize.parse(self.host_size) if self.host_size is not None else None
 
-    def _check_layout(self, layout: KVLayout) -> None:
-        if layout.page_size != self.page_size:
-            raise ValueError(f"layout has {layout.page_size} tokens per page, config page_size is {self.page_size}")
-
     def device_pages(self, layout: KVLayout) -> int:
         """Pages in the device pool. Raises ValueError when not even one page fits."""
-        self._check_layout(layout)
         pages = self.device_size_spec.to_pages(layout)
         if pages < 1:
             raise ValueError(f"device_size {self.device_size} holds no page of {layout.page_size_bytes} bytes")

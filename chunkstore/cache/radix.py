@@ -47,13 +47,16 @@ class RadixTree:
     of the nodes and results it gets back. The tree itself never takes it.
     """
 
+    @property
+    def page_size(self) -> int:
+        return self.identity.page_size  # the identity owns it (the keys bind it)
+
     def __init__(self, identity: ModelIdentity, policy: EvictionPolicy | str = EvictionPolicy.LRU, *,
                  clock_s: Callable[[], float] = time.monotonic) -> None:
         self.identity = identity
         # Seconds on a monotonic clock, sampled as the logical clock ticks (clock_before): passed in
         # (or set) by tests that age the tree without waiting.
         self.clock_s = clock_s
-        self.page_size = identity.page_size
         self.policy = EvictionPolicy.parse(policy)
         self.lock = threading.RLock()
         self._roots: dict[str, RadixNode] = {}

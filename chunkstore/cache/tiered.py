@@ -118,7 +118,6 @@ class TieredCache:
                              "TieredCache.open(config, identity), or pass store=open_store(config.store_spec(identity))")
         self.config, self.identity = config, identity
         self.layout = KVLayout.from_identity(identity)
-        self.page_size = identity.page_size
         self.device_pool = DevicePool(self.layout, config.device_pages(self.layout), device)
         self.host_pool = HostPool(self.layout, config.host_pages(self.layout))
         self.tree = RadixTree(identity, config.eviction_policy)
@@ -135,6 +134,10 @@ class TieredCache:
         self._in_flight = self.controller.in_flight  # the one record of copies in flight (the controller's)
         self._refresher = PrefetchRefresher(self._prefetch_next_in_line) if self.store is not None else None
         self.admin = CacheAdmin(self)  # the management API's operations, over the public methods here
+
+    @property
+    def page_size(self) -> int:
+        return self.identity.page_size  # the identity owns it (the keys bind it)
 
     @classmethod
     def open(cls, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,

@@ -69,7 +69,10 @@ class ModelRunner:
         self.loaded, self.cache = loaded, cache
         self.model = loaded.model
         self.device = loaded.device
-        self.page_size = cache.page_size
+
+    @property
+    def page_size(self) -> int:
+        return self.cache.page_size
 
     def _ids(self, token_ids: list[int]) -> torch.Tensor:
         return torch.tensor([token_ids], dtype=torch.long, device=self.device)

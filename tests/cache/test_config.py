@@ -208,8 +208,6 @@ def test_derived_sizes_check_the_layout():
         CacheConfig(device_size=f"{PAGE - 1}B").device_pages(LAYOUT)
     with pytest.raises(ValueError, match="smaller than the device pool"):
         CacheConfig(device_size="10pages", host_size=f"{9 * PAGE}B").host_pages(LAYOUT)
-    with pytest.raises(ValueError, match="page_size"):
-        CacheConfig(page_size=32).device_pages(LAYOUT)
 
 
 def test_codec_follows_the_dtype():

@@ -73,7 +73,6 @@ class WorkerTransfers:
     def __init__(self, paged: PagedKV, identity: ModelIdentity, *, cache: TieredCache | None,
                  open_reader: Callable[[], ChunkStore | None] | None = None, async_load: bool = True):
         self.paged, self.identity, self.cache = paged, identity, cache
-        self.page_size = identity.page_size
         self._open_reader = open_reader
         self._reader: ChunkStore | None = None
         self._done = threading.Lock()
@@ -95,6 +94,10 @@ class WorkerTransfers:
         close_at_exit(self)
 
     # ---- loads -----------------------------------------------------------------------------------
+
+    @property
+    def page_size(self) -> int:
+        return self.identity.page_size
 
     def load_now(self, loads: list[BlockTransfer]) -> bool:
         """Load on the calling thread (before the forward); False when a block did not load. A
