@@ -8,7 +8,7 @@ or open the folder a second time, so none of their tests runs unchanged on a buc
 that matters on a shared tier is checked here the tier's way: objects are damaged, copied and
 deleted through the bucket's own client (tests/helpers/shared.py), rows through a ChunkIndex of
 the test's own on the database, and races are set up through the fault seams
-(chunkstore/testing/faults.py). The crash tests are in tests/test_shared_crash.py.
+(tests/helpers/faults.py). The crash tests are in tests/test_shared_crash.py.
 """
 
 from __future__ import annotations
