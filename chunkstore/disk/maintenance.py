@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -178,19 +178,29 @@ def _count_leftovers(store: ChunkStore) -> tuple[int, int]:
         return _still_orphans(store, candidates), len(temps)
 
 
+def _index_valid(store: ChunkStore, keys: Sequence[bytes]) -> tuple[int, int]:
+    """Check the payloads of ``keys`` (which have no row) on the store's workers: index the valid
+    ones, quarantine the bad ones; returns (rows added, quarantined). Raises PayloadsUnavailable
+    (storage that does not answer) before anything of the batch changes."""
+    results = store.map_workers(lambda k: check_file(store, k), keys)
+    rows, bad = [], []
+    for key, check in zip(keys, results):
+        if check.is_ok:
+            rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
+        elif check.status is FileStatus.UNAVAILABLE:
+            raise unavailable_error(store, check)
+        elif check.is_bad:
+            bad.append((key, check.text))
+    quarantined = sum(1 for key, why in bad if store.quarantine(key, STORE_WIDE, why))
+    return store.adopt(rows), quarantined
+
+
 def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
     for orphans in _orphan_batches(store):
         report.orphans += len(orphans)
-        results = store.map_workers(lambda k: check_file(store, k), orphans)
-        rows = []
-        for key, check in zip(orphans, results):
-            if check.is_ok:
-                rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
-            elif check.status is FileStatus.UNAVAILABLE:
-                raise unavailable_error(store, check)
-            elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
-                report.quarantined += 1
-        report.adopted += store.adopt(rows)
+        adopted, quarantined = _index_valid(store, orphans)
+        report.adopted += adopted
+        report.quarantined += quarantined
 
 
 def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildReport:
@@ -198,17 +208,10 @@ def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildRepor
     ChunkStore(reset_index=True)); files that fail verification are quarantined."""
     report = RebuildReport()
     for batch in _chunked(store.payloads.keys(), _BATCH):
-        results = store.map_workers(lambda k: check_file(store, k), batch)
-        rows = []
-        for key, check in zip(batch, results):
-            report.scanned += 1
-            if check.is_ok:
-                rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
-            elif check.status is FileStatus.UNAVAILABLE:
-                raise unavailable_error(store, check)
-            elif check.is_bad and store.quarantine(key, STORE_WIDE, check.text):
-                report.quarantined += 1
-        report.indexed += store.adopt(rows)
+        report.scanned += len(batch)
+        indexed, quarantined = _index_valid(store, batch)
+        report.indexed += indexed
+        report.quarantined += quarantined
         if progress:
             progress(len(batch))
     return report
