@@ -68,6 +68,16 @@ def _assert_loads(store: ChunkStore, pages, tensors) -> None:
     assert all(t is not None and same_bytes(t, w) for t, w in zip(got, tensors))
 
 
+def _failed_cleanly_then_stored(store, result, old, old_t, new, new_t) -> None:
+    """The failed put left nothing of ``new`` visible and ``old`` intact; once the disk has room
+    again, the same put stores it."""
+    assert set(result.failed) == {p.key for p in new}
+    _assert_invisible(store, new)
+    _assert_loads(store, old, old_t)
+    assert store.put(new, new_t).ok
+    _assert_loads(store, new, new_t)
+
+
 def _no_space(fd, data):
     raise _enospc()
 
@@ -131,10 +141,7 @@ def test_short_writes_in_os_write(full, monkeypatch, fault):
     monkeypatch.setattr(files_mod.os, "write", filling_write)
     result = store.put(new, new_t)
     monkeypatch.undo()
-    assert set(result.failed) == {p.key for p in new}
-    _assert_invisible(store, new)
-    _assert_loads(store, old, old_t)
-    assert store.put(new, new_t).ok
+    _failed_cleanly_then_stored(store, result, old, old_t, new, new_t)
 
 
 def test_enospc_in_fsync_of_a_temp_file(full, monkeypatch):
@@ -149,11 +156,7 @@ def test_enospc_in_fsync_of_a_temp_file(full, monkeypatch):
     monkeypatch.setattr(files_mod.os, "fsync", failing_fsync)
     result = store.put(new, new_t)
     monkeypatch.undo()
-    assert set(result.failed) == {p.key for p in new}
-    _assert_invisible(store, new)
-    _assert_loads(store, old, old_t)
-    assert store.put(new, new_t).ok
-    _assert_loads(store, new, new_t)
+    _failed_cleanly_then_stored(store, result, old, old_t, new, new_t)
 
 
 def test_enospc_in_fsync_of_a_chunk_folder(full, monkeypatch):
@@ -171,10 +174,7 @@ def test_enospc_in_fsync_of_a_chunk_folder(full, monkeypatch):
     monkeypatch.setattr(files_mod.os, "fsync", failing_dir_fsync)
     result = store.put(new, new_t)
     monkeypatch.undo()
-    assert set(result.failed) == {p.key for p in new}
-    _assert_invisible(store, new)
-    _assert_loads(store, old, old_t)
-    assert store.put(new, new_t).ok
+    _failed_cleanly_then_stored(store, result, old, old_t, new, new_t)
 
 
 @pytest.mark.parametrize("fail_on_call", [1, 3])
