@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/ resolves: the file exists in the repository and, for a
+"""Every relative link in README.md, docs/ and the READMEs in the package resolves: the file exists in the repository and, for a
 `#fragment` into a Markdown file, that file has a heading with that anchor (GitHub's slugs). Nothing
 names a file the repository does not hold."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# README.md, docs/ and the READMEs beside the code (chunkstore/webui/, its vendor/ folder)
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "chunkstore").rglob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
@@ -50,3 +51,10 @@ def test_the_checker_sees_links_and_anchors(tmp_path):
                    "```\n[in code](nowhere.md)\n```\n")
     assert links(doc) == ["b.md#top", "https://example.org", "c.md"]
     assert anchors(doc) == {"quick-start-serve"}
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_document_speaks_of_the_project_not_of_its_tickets(path):
+    """The repository stands alone: its documents name no issue, ticket or pull request."""
+    found = re.findall(r"\b(?:issue|ticket|pull request|PR) ?#?\d+", path.read_text(), re.I)
+    assert not found, found

@@ -175,7 +175,7 @@ def bounds(runs: list[dict]) -> dict[str, float]:
 # ---- targets ---------------------------------------------------------------------------------------
 
 def targets(runs: list[dict]) -> list[Target]:
-    """The issue's targets that the runs present allow (none is asserted)."""
+    """The benchmark's targets that the runs present allow (none is asserted)."""
     by_name = {r["name"]: r for r in runs}
     disk, memory, restart = (by_name.get(n) for n in ("device+host+disk", "device+host", "disk-restart"))
     out = []

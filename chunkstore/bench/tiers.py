@@ -50,7 +50,7 @@ VOCAB_SIZE = 128_256
 class TiersBenchConfig:
     """What to run; ValueError names a bad field."""
 
-    # match + insert: a tree of many conversations, at the issue's page size
+    # match + insert: a tree of many conversations, at the page size its target was set for
     num_conversations: int = 1000
     conversation_tokens: int = 4096  # each conversation's history in the tree (after a shared prompt)
     system_prompt_tokens: int = 1024  # shared by every conversation
