@@ -3,8 +3,8 @@
 Invariants: an index is always at the newest revision before the store uses it; the migration
 scripts are found beside the package (editable install or source tree) or under
 ``<prefix>/share/chunkstore/alembic`` (wheel install). Opening an index that is already current
-runs no alembic migration context, so it logs nothing; an upgrade logs each step once (alembic's
-own "Context impl" lines once per upgrade, not once per check). alembic is imported only for an
+runs no alembic migration context, so it logs nothing; an upgrade logs one line at info, and alembic's own
+lines (each step, "Context impl") at debug only. alembic is imported only for an
 upgrade, never to open a current index.
 """
 
@@ -24,9 +24,25 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 _HERE = Path(__file__).resolve().parent.parent  # chunkstore/ (the package)
+log = logging.getLogger(__name__)
 # alembic logs one INFO line per plugin it sets up on import: noise in a server's log (it is
 # imported lazily, so after the server configured logging).
 logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+
+class _AtDebug(logging.Filter):
+    """alembic's own lines (its "Context impl" ones and one per step, with the step's whole
+    docstring) at debug level, shown only when this module's logger shows debug: an upgrade says
+    one line at info (``upgrade``), not 25 before a server says where it listens."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not log.isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+logging.getLogger("alembic.runtime.migration").addFilter(_AtDebug())
 VERSION_TABLE = "alembic_version"  # alembic's default, where it keeps an index's revision
 
 
@@ -81,7 +97,8 @@ def current_revision(connection: Connection) -> str | None:
 
 
 def upgrade(connection: Connection) -> tuple[str | None, str]:
-    """Upgrade to head inside the caller's transaction; returns (revision before, head)."""
+    """Upgrade to head inside the caller's transaction; returns (revision before, head). Logs one
+    line at info when it changed anything (alembic's own lines are at debug)."""
     before = current_revision(connection)
     head = head_revision()
     if before != head:
@@ -90,4 +107,8 @@ def upgrade(connection: Connection) -> tuple[str | None, str]:
         cfg = _config()
         cfg.attributes["connection"] = connection
         command.upgrade(cfg, "head")
+        url = connection.engine.url  # a SQLite index by its file, a server's without its password
+        where = url.database if url.get_backend_name() == "sqlite" else url.render_as_string(hide_password=True)
+        log.info("chunk index %s: %s", where, f"schema created (revision {head})" if before is None
+                 else f"schema upgraded from revision {before} to {head}")
     return before, head
