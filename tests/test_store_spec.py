@@ -64,6 +64,21 @@ def test_the_cache_settings_and_the_engine_settings_name_the_same_store(tmp_path
     assert fields["disk_size_bytes"] == spec.capacity_bytes and fields["local_cache_bytes"] == 0
 
 
+def test_an_engine_rank_that_reads_opens_only_where_the_store_is(tmp_path):
+    from types import SimpleNamespace
+
+    from chunkstore.integrations.settings import store_spec
+
+    settings = SimpleNamespace(disk_path=tmp_path, index_url=None, object_store="s3://bucket/prefix",
+                               local_cache_bytes=10**9, disk_size_bytes=10**9, compression=Codec.NONE,
+                               durability=Durability.NONE, background_priority=ThreadPriority.LOW)
+    writer = store_spec(settings, TINY)
+    assert writer.keeps_local_copy and writer.capacity_bytes == 10**9 and writer.codec is Codec.NONE
+    reader = store_spec(settings, TINY, read_only=True)
+    assert reader == StoreSpec(store_root(tmp_path, TINY), object_store="s3://bucket/prefix", read_only=True)
+    assert not reader.keeps_local_copy
+
+
 def test_a_cache_with_a_disk_tier_gets_its_store_built(tmp_path):
     config = CacheConfig(page_size=TINY.page_size, device_size="4pages", host_size="8pages", disk_path=tmp_path)
     with pytest.raises(ValueError, match=r"TieredCache\.open"):

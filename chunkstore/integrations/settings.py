@@ -56,12 +56,15 @@ def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
 
 def store_spec(settings: Any, identity: ModelIdentity, *, read_only: bool = False) -> StoreSpec:
     """The store of ``identity`` in the data folder ``settings.disk_path`` (``store_root``: the
-    folder serves any model), as the settings describe it."""
-    return StoreSpec(store_root(settings.disk_path, identity), index_url=settings.index_url,
-                     object_store=settings.object_store, local_copy_bytes=settings.local_cache_bytes,
-                     capacity_bytes=settings.disk_size_bytes, codec=settings.compression,
-                     durability=settings.durability, background_priority=settings.background_priority,
-                     read_only=read_only)
+    folder serves any model), as the settings describe it. A reader's spec names only where the
+    store is: it writes nothing, so it keeps no capacity, codec, priority or local copy of its own."""
+    folder = store_root(settings.disk_path, identity)
+    if read_only:
+        return StoreSpec(folder, index_url=settings.index_url, object_store=settings.object_store, read_only=True)
+    return StoreSpec(folder, index_url=settings.index_url, object_store=settings.object_store,
+                     local_copy_bytes=settings.local_cache_bytes, capacity_bytes=settings.disk_size_bytes,
+                     codec=settings.compression, durability=settings.durability,
+                     background_priority=settings.background_priority)
 
 
 def open_writer(settings: Any, identity: ModelIdentity, *, wait_s: float = 30.0) -> ChunkStore:
