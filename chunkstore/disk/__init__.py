@@ -27,8 +27,8 @@ _OWNERS = {
     "chunkstore.disk.objects": ("ObjectPayloads", "ObjectStoreConfig", "parse_object_url"),
     "chunkstore.disk.payload_cache": ("CachedPayloads",),
     # the one door: where a store is and how it opens
-    "chunkstore.disk.store_spec": ("DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_index_url", "check_object_store",
-                                   "open_store"),
+    "chunkstore.disk.store_spec": ("DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_folder", "check_index_url",
+                                   "check_object_store", "open_store"),
     "chunkstore.disk.files": ("ChunkFiles", "Durability", "PRIVATE_FILE_MODE", "make_private", "write_private_file"),
     # the other types the store's methods take and return
     "chunkstore.disk.chunkfile": ("ChunkHeader",),
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from chunkstore.disk.results import EvictResult, PutResult, ReadOnlyStoreError, StoreStats
     from chunkstore.disk.store import ChunkStore
     from chunkstore.disk.store_folder import StoreBusyError, read_identity, store_root
-    from chunkstore.disk.store_spec import (DEFAULT_LOCAL_COPY_BYTES, StoreSpec, check_index_url, check_object_store,
-                                            open_store)
+    from chunkstore.disk.store_spec import (DEFAULT_LOCAL_COPY_BYTES, StoreSpec, check_folder, check_index_url,
+                                            check_object_store, open_store)
 
 
 def __getattr__(name: str) -> Any:

@@ -25,11 +25,40 @@ if TYPE_CHECKING:
     from chunkstore.disk.payloads import PayloadStore
     from chunkstore.disk.store import ChunkStore
 
-__all__ = ["DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_index_url", "check_object_store", "open_store"]
+__all__ = ["DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_folder", "check_index_url", "check_object_store", "open_store"]
 
 # A shared tier's local copy of what a server read: `chunkstore serve`'s default and the engine
 # integrations' (10 GB).
 DEFAULT_LOCAL_COPY_BYTES = 10 * 10**9
+
+
+# The longest path and path component a folder may have (Linux's PATH_MAX and NAME_MAX).
+MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
+
+
+def check_folder(path: str | os.PathLike) -> Path:
+    """``path`` (``~`` expanded) when it can name a store's folder: text without a NUL, within the
+    path limits, and not an existing file. Raises ValueError saying which it is not (a TypeError
+    for a value that is no path at all)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"a folder's path is text, not a {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    if "\0" in text:
+        raise ValueError("a folder's path holds no NUL byte")
+    if not text.strip():
+        raise ValueError("a folder's path is not empty")
+    folder = Path(text).expanduser()
+    encoded = os.fsencode(str(folder))
+    if len(encoded) >= MAX_PATH_BYTES:
+        raise ValueError(f"a path is at most {MAX_PATH_BYTES - 1} bytes, this one has {len(encoded)}")
+    if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in folder.parts):
+        raise ValueError(f"a path's folder names are at most {MAX_NAME_BYTES} bytes each")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a folder")
+    return folder
 
 
 def check_index_url(url: str) -> str:
@@ -58,7 +87,8 @@ class StoreSpec:
     files in the folder); ``local_copy_bytes`` the most bytes of a bucket's chunks kept on local
     disk (0: none; a read-only store keeps none); ``capacity_bytes`` the most stored bytes
     (None: unbounded); ``codec`` None for the store's default for the dtype. Raises ValueError
-    for a size out of range or a URL that names no backend."""
+    for a size out of range, a URL that names no backend, or a folder that cannot be one
+    (``check_folder``)."""
 
     folder: Path
     index_url: str | None = None
@@ -71,7 +101,7 @@ class StoreSpec:
     read_only: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "folder", Path(os.fspath(self.folder)).expanduser())
+        object.__setattr__(self, "folder", check_folder(self.folder))
         if self.capacity_bytes is not None and self.capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive (or None: unbounded), got {self.capacity_bytes}")
         if self.local_copy_bytes < 0:

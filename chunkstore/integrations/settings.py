@@ -7,12 +7,11 @@ at once."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from chunkstore.disk import (ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError, StoreBusyError,
-                             StoreSpec, check_index_url, check_object_store, open_store, store_root)
+                             StoreSpec, check_folder, check_index_url, check_object_store, open_store, store_root)
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
 
@@ -30,27 +29,52 @@ def check_keys(extra: dict[str, Any], known: Iterable[str], passthrough: Iterabl
         raise ValueError(f"unknown chunkstore settings in {where}: {sorted(unknown)}; known: {sorted(known)}")
 
 
-def store_fields(extra: dict[str, Any]) -> dict[str, Any]:
-    """The STORE_KEYS present in ``extra``, parsed, by settings field name."""
+def extra_dict(extra: Any, where: str) -> dict[str, Any]:
+    """The engine's extra config as a dict (None: no settings). Raises ValueError, naming
+    ``where``, for anything that is not a JSON object of settings (a list, a string)."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"{where} must be a JSON object of chunkstore settings, got a {type(extra).__name__}: "
+                         f"{extra!r:.80}")
+    return dict(extra)
+
+
+def parsed(where: str, key: str, parse: Callable[[Any], Any], value: Any) -> Any:
+    """``parse(value)``; its ValueError (or a TypeError for a value of the wrong kind) names the
+    setting and what was given."""
+    try:
+        return parse(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where} {key!r}: {exc} (got {value!r:.80})") from None
+
+
+def _local_copy_bytes(value: Any) -> int:
+    return 0 if str(value).strip() == "0" else parse_bytes(value)  # 0: no local copy
+
+
+def store_fields(extra: dict[str, Any], where: str = "the extra config") -> dict[str, Any]:
+    """The STORE_KEYS present in ``extra``, parsed, by settings field name. Raises ValueError naming
+    the key and the value for anything it cannot use."""
     kw: dict[str, Any] = {}
     if "disk_path" in extra:
-        kw["disk_path"] = Path(str(extra["disk_path"])).expanduser()
+        kw["disk_path"] = parsed(where, "disk_path", check_folder, extra["disk_path"])
     for name in ("disk_size", "max_pending"):
         if extra.get(name) is not None:
-            kw[STORE_KEYS[name]] = parse_bytes(extra[name])
-    if extra.get("local_cache_size") is not None:  # 0: no local copy
-        size = extra["local_cache_size"]
-        kw["local_cache_bytes"] = 0 if str(size).strip() == "0" else parse_bytes(size)
-    if extra.get("index_url") is not None:
-        kw["index_url"] = check_index_url(str(extra["index_url"]))  # its ValueError names the backends
+            kw[STORE_KEYS[name]] = parsed(where, name, parse_bytes, extra[name])
+    if extra.get("local_cache_size") is not None:
+        kw["local_cache_bytes"] = parsed(where, "local_cache_size", _local_copy_bytes, extra["local_cache_size"])
+    if extra.get("index_url") is not None:  # (its ValueError names the backends)
+        kw["index_url"] = parsed(where, "index_url", lambda v: check_index_url(str(v)), extra["index_url"])
     if extra.get("object_store") is not None:
-        kw["object_store"] = check_object_store(str(extra["object_store"]))
+        kw["object_store"] = parsed(where, "object_store", lambda v: check_object_store(str(v)), extra["object_store"])
     if extra.get("compression") not in (None, "auto"):
-        kw["compression"] = Codec.parse(extra["compression"])
+        kw["compression"] = parsed(where, "compression", Codec.parse, extra["compression"])
     if "durability" in extra:
-        kw["durability"] = Durability.parse(extra["durability"])
+        kw["durability"] = parsed(where, "durability", Durability.parse, extra["durability"])
     if "background_priority" in extra:
-        kw["background_priority"] = ThreadPriority.parse(extra["background_priority"])
+        kw["background_priority"] = parsed(where, "background_priority", ThreadPriority.parse,
+                                           extra["background_priority"])
     return kw
 
 

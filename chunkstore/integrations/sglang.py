@@ -26,7 +26,8 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from chunkstore.disk import (DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, ChunkStore, Codec, Durability,
                              ModelIdentity, PageRef, engine_pages, store_root)
-from chunkstore.integrations.settings import STORE_KEYS, check_keys, open_reader, open_writer, store_fields
+from chunkstore.integrations.settings import (STORE_KEYS, check_keys, extra_dict, open_reader, open_writer, parsed,
+                                             store_fields)
 from chunkstore.integrations.writer import PageWriter
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
@@ -62,11 +63,11 @@ class BackendSettings:
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendSettings":
-        extra = dict(extra or {})
+        extra = extra_dict(extra, "the extra config")
         check_keys(extra, [*STORE_KEYS, "namespace", "quota"], _SGLANG_KEYS, "the extra config")
-        kw = store_fields(extra)
+        kw = store_fields(extra, "the extra config")
         if extra.get("quota") is not None:
-            kw["quota_bytes"] = parse_bytes(extra["quota"])
+            kw["quota_bytes"] = parsed("the extra config", "quota", parse_bytes, extra["quota"])
         if "namespace" in extra:
             if not isinstance(extra["namespace"], str) or not extra["namespace"]:
                 raise ValueError(f"namespace must be a non-empty string, got {extra['namespace']!r}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.disk import DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, Codec, Durability, ModelIdentity
-from chunkstore.integrations.settings import STORE_KEYS, check_keys, store_fields
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, extra_dict, store_fields
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import PoolSize
 
@@ -52,9 +52,9 @@ class ConnectorSettings:
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "ConnectorSettings":
-        extra = dict(extra or {})
+        extra = extra_dict(extra, "kv_connector_extra_config")
         check_keys(extra, VLLM_KEYS, (), "kv_connector_extra_config")
-        kw = store_fields(extra)
+        kw = store_fields(extra, "kv_connector_extra_config")
         for name in ("device_size", "host_size"):
             if extra.get(name) is not None:
                 try:
