@@ -111,3 +111,10 @@ def test_no_caller_above_the_disk_tier_constructs_a_store_itself():
         callers += (REPO / "chunkstore" / package).rglob("*.py")
     offenders = [str(p.relative_to(REPO)) for p in callers if re.search(r"\bChunkStore\(", p.read_text())]
     assert offenders == []
+
+
+def test_settings_that_do_not_fit_the_model_leave_no_store_behind(tmp_path):
+    config = CacheConfig(page_size=TINY.page_size, device_size="1B", disk_path=tmp_path / "data")
+    with pytest.raises(ValueError, match="holds no page"):
+        TieredCache.open(config, TINY)
+    assert not (tmp_path / "data").exists()

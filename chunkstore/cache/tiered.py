@@ -110,14 +110,11 @@ class TieredCache:
     def __init__(self, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,
                  store: ChunkStore | None = None, owns_store: bool = False,
                  prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> None:
-        if identity.page_size != config.page_size:
-            raise ValueError(f"identity has {identity.page_size} tokens per page, config page_size is "
-                             f"{config.page_size}")
+        self.layout = self._check(config, identity)
         if config.use_disk and store is None:
             raise ValueError("config.use_disk needs the disk tier's store: open the cache with "
                              "TieredCache.open(config, identity), or pass store=open_store(config.store_spec(identity))")
         self.config, self.identity = config, identity
-        self.layout = KVLayout.from_identity(identity)
         self.device_pool = DevicePool(self.layout, config.device_pages(self.layout), device)
         self.host_pool = HostPool(self.layout, config.host_pages(self.layout))
         self.tree = RadixTree(identity, config.eviction_policy)
@@ -139,12 +136,24 @@ class TieredCache:
     def page_size(self) -> int:
         return self.identity.page_size  # the identity owns it (the keys bind it)
 
+    @staticmethod
+    def _check(config: CacheConfig, identity: ModelIdentity) -> KVLayout:
+        """The layout of ``identity``'s pages; ValueError when the settings do not fit it (another
+        page size, pools that hold no page or a host pool smaller than the device pool)."""
+        if identity.page_size != config.page_size:
+            raise ValueError(f"identity has {identity.page_size} tokens per page, config page_size is "
+                             f"{config.page_size}")
+        layout = KVLayout.from_identity(identity)
+        config.host_pages(layout)  # (and the device pool's)
+        return layout
+
     @classmethod
     def open(cls, config: CacheConfig, identity: ModelIdentity, *, device: torch.device | str | None = None,
              prefetch_batch_pages: int = DEFAULT_PREFETCH_BATCH_PAGES) -> "TieredCache":
         """The cache with the disk tier ``config`` names, opened through the one door
         (``config.store_spec``, ``open_store``) and closed with the cache. Raises what
         ``open_store`` raises; the store is closed again when the cache cannot be built."""
+        cls._check(config, identity)  # before the store opens: a bad setting leaves no new folder behind
         spec = config.store_spec(identity)
         store = open_store(spec, identity) if spec is not None else None
         try:
