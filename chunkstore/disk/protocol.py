@@ -59,6 +59,18 @@ class StoreProtocol:
     def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], result: PutResult) -> PutResult:
         raise NotImplementedError
 
+    def todo(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], stored: set[bytes],
+             result: PutResult) -> Todo:
+        """The pages to write: a key ``stored`` already, or twice in the batch, is a duplicate."""
+        todo: Todo = {}
+        for p, t in zip(pages, arrays):
+            if p.key in stored or p.key in todo:
+                result.deduplicated.append(p.key)
+                self.index.count_event(p.namespace, "dedup_hits")
+            else:
+                todo[p.key] = (p, t)
+        return todo
+
     def encode_and_stage(self, page: PageRef, raw: np.ndarray) -> tuple[Staged, int]:
         store = self.store
         segments, size = encode_page(page, raw, store.identity, store.codec, store.zstd_level)
@@ -227,6 +239,13 @@ class StoreProtocol:
 
     def drop(self, victims: Sequence[ChunkRow | Victim]) -> None:
         """Delete chunks, row first, then payload; counted as evictions."""
+        if not victims:
+            return
+        self.delete_rows_then_payloads([v.key for v in victims])
+        for v in victims:
+            self.index.count_event(v.namespace, "evictions")
+
+    def delete_rows_then_payloads(self, keys: list[bytes]) -> None:
         raise NotImplementedError
 
     # -- a read's clean-up and offline care ---------------------------------------------------
@@ -266,13 +285,7 @@ class FolderProtocol(StoreProtocol):
                 result.failed[p.key] = f"write failed: index unavailable: {exc.orig}"
             self.writes.failed("index lookup", exc, num_pages=len(pages))
             return result
-        todo: Todo = {}
-        for p, t in zip(pages, arrays):
-            if p.key in present or p.key in todo:
-                result.deduplicated.append(p.key)
-                self.index.count_event(p.namespace, "dedup_hits")
-            else:
-                todo[p.key] = (p, t)
+        todo = self.todo(pages, arrays, present, result)
         written = self.collect(self.submit(todo, self.encode_and_stage), todo, result)
         if written:
             self.publish(todo, written, result)
@@ -295,15 +308,10 @@ class FolderProtocol(StoreProtocol):
             self.index.count_event(todo[key][0].namespace, "dedup_hits")
         return True
 
-    def drop(self, victims: Sequence[ChunkRow | Victim]) -> None:
-        if not victims:
-            return
-        keys = [v.key for v in victims]
+    def delete_rows_then_payloads(self, keys: list[bytes]) -> None:
         self.index.delete(keys)  # row first, then the file
         for key in keys:
             self.payloads.delete(key)
-        for v in victims:
-            self.index.count_event(v.namespace, "evictions")
 
     def quarantine(self, key: bytes, page: PageRef | None, row: ChunkRow | None) -> str | None:
         check = self.store.verify_file(key, page, row=row)

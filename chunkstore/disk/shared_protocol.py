@@ -23,7 +23,7 @@ import numpy as np
 from sqlalchemy.exc import DBAPIError
 
 from chunkstore.disk.file_check import FileStatus
-from chunkstore.disk.index import ChunkRow, Victim
+from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import PageRef
 from chunkstore.disk.payloads import PayloadsUnavailable, Staged
 from chunkstore.disk.protocol import StoreProtocol, Todo
@@ -70,13 +70,7 @@ class SharedProtocol(StoreProtocol):
         while those still upload. Each step keeps the protocol: a key is claimed before it is
         uploaded, and its row goes in only after its upload. The claim leaves the stored keys out
         itself (no lookup before it)."""
-        todo: Todo = {}
-        for p, t in zip(pages, arrays):
-            if p.key in todo:
-                result.deduplicated.append(p.key)
-                self.index.count_event(p.namespace, "dedup_hits")
-            else:
-                todo[p.key] = (p, t)
+        todo = self.todo(pages, arrays, set(), result)
         keys = list(todo)
         futures: dict[bytes, Future] = {}
         claimed: list[bytes] = []
@@ -161,10 +155,7 @@ class SharedProtocol(StoreProtocol):
 
     # -- deletes -----------------------------------------------------------------------------
 
-    def drop(self, victims: Sequence[ChunkRow | Victim]) -> None:
-        if not victims:
-            return
-        keys = [v.key for v in victims]
+    def delete_rows_then_payloads(self, keys: list[bytes]) -> None:
         # Row first, then the object, with the keys claimed meanwhile so that no other writer
         # uploads one of them while its object is being deleted.
         self.index.delete_claiming(keys, self.writer_id, self.claim_ttl_s)
@@ -174,8 +165,6 @@ class SharedProtocol(StoreProtocol):
             self.writes.failed("object delete", exc, num_pages=0)
         else:
             self.release_claims(keys)
-        for v in victims:
-            self.index.count_event(v.namespace, "evictions")
 
     def delete_claimed(self, keys: Sequence[bytes]) -> int:
         """Claim ``keys`` (wins only unclaimed or lapsed ones, and never a key with a row), delete

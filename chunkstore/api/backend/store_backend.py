@@ -45,7 +45,6 @@ class StoreBackend(AdminBackend):
                  durability: Durability = Durability.FSYNC, index_url: str | None = None,
                  object_store: str | ObjectStoreConfig | None = None) -> None:
         self.root = Path(path)
-        self.index_url = index_url
         self.spec = StoreSpec(self.root, index_url=index_url, object_store=object_store, durability=durability,
                               read_only=read_only)
         identity = read_identity(self.root)
