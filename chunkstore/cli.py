@@ -69,6 +69,7 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
 
     from chunkstore.disk.identity import ModelMismatchError
     from chunkstore.disk.index import IndexMissingError
+    from chunkstore.disk.seal_keys import seal_key_provider
     from chunkstore.disk.store import StoreBusyError, read_identity
     from chunkstore.disk.store_spec import StoreSpec, open_store
 
@@ -82,7 +83,8 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
     disk_size_bytes = getattr(args, "disk_size_bytes", None)
     try:
         spec = StoreSpec(root, index_url=args.index_url, object_store=args.object_store,
-                         capacity_bytes=disk_size_bytes, read_only=not write)
+                         capacity_bytes=disk_size_bytes, read_only=not write,
+                         seal_key=seal_key_provider(args.seal_key))
         return open_store(spec, identity, reset_index=reset_index)
     except (StoreBusyError, ModelMismatchError, IndexMissingError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
@@ -114,7 +116,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f"evictions          {s.evictions}",
             f"quarantined        {s.quarantined}",
             f"write errors       {s.write_errors}",
+            f"sealed             {'yes' if s.sealed else 'no'}",
         ]
+        if s.sealed:
+            out.append(f"auth failures      {s.auth_failures}")
         for n in s.namespaces:
             quota = n.quota_bytes if n.quota_bytes is not None else "-"
             out.append(f"  namespace {n.namespace!r}: {n.num_chunks} chunks, {n.stored_bytes} stored bytes, "
@@ -191,6 +196,74 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- keys: a sealed store's master key and namespace keys (docs/SECURITY.md) -------------------
+
+def cmd_keys_new(args: argparse.Namespace) -> int:
+    from chunkstore.disk.seal_keys import write_key_file
+
+    try:
+        key = write_key_file(args.path)
+    except FileExistsError:
+        raise CliError(f"{args.path} exists; a key file is never overwritten (a lost key makes every chunk it "
+                       "sealed unreadable)") from None
+    except OSError as exc:
+        raise CliError(f"cannot write {args.path}: {exc.strerror or exc}") from None
+    summary = {"path": str(args.path), "key_id": key.key_id}
+    _emit(args, summary, lambda s: [f"wrote seal key {s['key_id']} to {s['path']} (mode 0600); keep a copy "
+                                    "somewhere safe: without it no sealed chunk can be read"])
+    return 0
+
+
+def _need_seal_key(args: argparse.Namespace, what: str) -> None:
+    from chunkstore.disk.seal_keys import seal_key_provider
+
+    if seal_key_provider(args.seal_key) is None:
+        raise CliError(f"keys {what} needs the store's key: --seal-key PATH (or $CHUNKSTORE_SEAL_KEY_FILE)")
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    _need_seal_key(args, "list")
+    with _open_store(args, write=False) as store:
+        keys = store.namespace_keys()
+        master = store.sealing.master_key_id
+    summary = {"master_key_id": master, "namespaces": keys}
+    _emit(args, summary, lambda s: [f"sealed with master key {s['master_key_id']}"] + [
+        f"  namespace {k.namespace!r}: key id {k.key_id}" for k in s["namespaces"]])
+    return 0
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    from chunkstore.disk.seal_keys import FileKeyProvider, SealKeyError
+
+    _need_seal_key(args, "rotate")
+    try:
+        new = FileKeyProvider(Path(args.new_seal_key).expanduser()).master_key()
+    except SealKeyError as exc:
+        raise CliError(str(exc)) from None
+    with _open_store(args, write=True) as store:
+        old = store.sealing.master_key_id
+        try:
+            n = store.rotate_seal_key(new)
+        except SealKeyError as exc:
+            raise CliError(str(exc)) from None
+    summary = {"from_master_key_id": old, "to_master_key_id": new.key_id, "namespaces": n}
+    _emit(args, summary, lambda s: [f"rewrapped {s['namespaces']} namespace key(s) from master key "
+                                    f"{s['from_master_key_id']} to {s['to_master_key_id']}; no chunk was rewritten. "
+                                    "Restart every server with the new key."])
+    return 0
+
+
+def cmd_keys_shred(args: argparse.Namespace) -> int:
+    _need_seal_key(args, "shred")
+    with _open_store(args, write=True) as store:
+        done = store.shred_namespace(args.namespace)
+    _emit(args, done, lambda d: [
+        (f"shredded namespace {d.namespace!r}: its key is destroyed" if d.key_destroyed else
+         f"namespace {d.namespace!r} had no key (nothing of it is sealed)")
+        + f"; {d.num_chunks} chunks ({d.stored_bytes} bytes) deleted"])
+    return 0
+
+
 def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
     """A command whose options and code live in ``module`` (its ``add_arguments`` and ``run``),
     imported only when that command runs or shows its help."""
@@ -219,6 +292,20 @@ def _add_gc(p: argparse.ArgumentParser) -> None:
     p.add_argument("--purge-quarantine", action="store_true", help="also delete quarantined files")
 
 
+def _add_keys_new(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", type=Path, metavar="PATH", help="where to write the new key file (never overwritten)")
+    add_json_flag(p)
+
+
+def _add_keys_rotate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--new-seal-key", required=True, metavar="PATH",
+                   help="the new master key's file (--seal-key names the current one)")
+
+
+def _add_keys_shred(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--namespace", required=True, help="the namespace whose key is destroyed, then its chunks")
+
+
 def _add_evict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bytes", type=parse_size_bytes, metavar="SIZE",
                    help="stored bytes to free: a plain number of bytes, or a size such as 500MB, 2GiB")
@@ -243,7 +330,7 @@ class Command:
 
 
 _GROUPS = {("db",): ("index schema commands", "DB_COMMAND"), ("bench",): ("benchmarks", "BENCH"),
-           ("soak",): ("long robustness runs", "SOAK")}
+           ("soak",): ("long robustness runs", "SOAK"), ("keys",): ("a sealed store's keys", "KEYS_COMMAND")}
 COMMANDS = (
     Command(("stats",), "chunks, bytes, compression, hits per namespace", cmd_stats, store=True),
     Command(("verify",), "read and check every chunk", cmd_verify, store=True, add=_add_verify),
@@ -252,6 +339,12 @@ COMMANDS = (
     Command(("evict",), "evict by bytes (LRU, leaf-first) or a whole namespace", cmd_evict, store=True,
             add=_add_evict),
     Command(("db", "upgrade"), "apply the alembic migrations to the index", cmd_db_upgrade, store=True),
+    Command(("keys", "new"), "write a new master seal key file (mode 0600)", cmd_keys_new, add=_add_keys_new),
+    Command(("keys", "list"), "a sealed store's master key id and namespace key ids", cmd_keys_list, store=True),
+    Command(("keys", "rotate"), "rewrap every namespace key by a new master key (no chunk is rewritten)",
+            cmd_keys_rotate, store=True, add=_add_keys_rotate),
+    Command(("keys", "shred"), "destroy a namespace's key, then its chunks (crypto-shredding)", cmd_keys_shred,
+            store=True, add=_add_keys_shred),
     Command(("bench", "store"), "store throughput against raw disk I/O, compression, lookups",
             module="chunkstore.bench.store"),
     Command(("bench", "tiers"), "match+insert cost, host->device and disk->device against baselines",

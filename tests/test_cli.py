@@ -154,7 +154,7 @@ def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
     yield prefix, parser
 
 
-COMMON_STORE_OPTIONS = ("--json", "--disk-path", "--index-url", "--object-store")
+COMMON_STORE_OPTIONS = ("--json", "--disk-path", "--index-url", "--object-store", "--seal-key")
 
 
 def test_every_command_and_option_is_documented():

@@ -27,7 +27,7 @@ def test_migrations_match_the_schema_module(tmp_path):
 
 def test_the_disk_schema_holds_only_the_disk_tiers_tables():
     assert set(disk_metadata.tables) == {"store_meta", "chunks", "namespace_usage", "namespace_quotas", "counters",
-                                         "chunk_claims", "server_counters"}
+                                         "chunk_claims", "server_counters", "seal_keys"}
     assert set(api_metadata.tables) == {"stats_history"}
 
 

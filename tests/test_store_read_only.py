@@ -8,6 +8,7 @@ import inspect
 
 import pytest
 
+from chunkstore.disk.seal_keys import MasterKey
 from chunkstore import ChunkStore, chain_pages
 from chunkstore.disk import store as store_mod
 from chunkstore.disk.eviction import EvictionSelection
@@ -63,6 +64,8 @@ def _calls(pages, plan, rows):
         "sweep": lambda s: s.sweep(),
         "checkpoint": lambda s: s.checkpoint(),
         "write_side_tables": lambda s: s.write_side_tables().__enter__(),
+        "shred_namespace": lambda s: s.shred_namespace("default"),
+        "rotate_seal_key": lambda s: s.rotate_seal_key(MasterKey.generate()),
     }
 
 

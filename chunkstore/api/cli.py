@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from chunkstore.api.app import API_PREFIX, create_app
     from chunkstore.api.backend import StoreBackend
-    from chunkstore.disk import IndexMissingError
+    from chunkstore.disk import IndexMissingError, seal_key_provider
     from chunkstore.disk.store import StoreBusyError
     from chunkstore.http.lifecycle import bind, serve_until_signal, url_of
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         backend = StoreBackend(args.disk_path, read_only=args.read_only, index_url=args.index_url,
-                               object_store=args.object_store)
+                               object_store=args.object_store, seal_key=seal_key_provider(args.seal_key))
     except StoreBusyError as exc:
         return fail(f"{exc} (a running `chunkstore serve` mounts this API at {API_PREFIX}; or pass --read-only)")
     except (FileNotFoundError, IndexMissingError, RuntimeError, ValueError, OSError) as exc:

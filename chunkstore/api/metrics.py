@@ -145,7 +145,9 @@ class SnapshotCollector(Collector):
         chunks.add_metric([], s.num_chunks)
         ratio = _gauge("disk_compression_ratio", "raw / stored bytes")
         ratio.add_metric([], s.compression_ratio)
-        yield from (used, raw, chunks, ratio)
+        sealed = _gauge("disk_sealed", "1 for a sealed store (chunks encrypted and authenticated)")
+        sealed.add_metric([], 1 if s.sealed else 0)
+        yield from (used, raw, chunks, ratio, sealed)
         if s.capacity_bytes is not None:
             cap = _gauge("disk_capacity_bytes", "capacity of the disk tier in stored bytes")
             cap.add_metric([], s.capacity_bytes)
@@ -154,6 +156,8 @@ class SnapshotCollector(Collector):
                                  ("disk_dedup_hits", s.dedup_hits, "puts of chunks already stored"),
                                  ("disk_evictions", s.evictions, "chunks evicted"),
                                  ("disk_quarantined", s.quarantined, "corrupt chunks moved to quarantine"),
+                                 ("disk_auth_failures", s.auth_failures,
+                                  "sealed chunks that failed authentication: security events, never served"),
                                  ("disk_write_errors", s.write_errors, "chunk writes that failed")):
             family = _counter(name, doc + " (persists across restarts)")
             family.add_metric([], value)

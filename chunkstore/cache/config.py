@@ -21,7 +21,7 @@ from chunkstore.cache.radix_policy import EvictionPolicy
 from chunkstore.priority import ThreadPriority
 from chunkstore.disk.codec import Codec
 from chunkstore.disk.store_spec import DEFAULT_LOCAL_COPY_BYTES, check_index_url, check_object_store
-from chunkstore.store_flags import INDEX_URL_HELP, OBJECT_STORE_HELP
+from chunkstore.store_flags import INDEX_URL_HELP, OBJECT_STORE_HELP, SEAL_KEY_HELP
 from chunkstore.sizes import GB, SIZE_EXAMPLES, PoolSize, argparse_type, disk_size_gb, gb_or_zero, positive_gb
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class CacheConfig(BaseSettings):
                                            "server read, so a hot prefix is not fetched over the network "
                                            "each time; a number of GB or a size such as 50GB; 0 = none",
                                      ge=0)
+    seal_key_file: Path | None = _field(None, f"{SEAL_KEY_HELP}; the flag is also --seal-key")
     disk_ratio: float | None = _field(None, "disk capacity = disk_ratio x host pool bytes (ignored "
                                             "when disk_size is set)", gt=0)
     disk_size: float | None = _field(None, "disk capacity of stored, compressed chunks: a number of GB "
@@ -114,7 +115,7 @@ class CacheConfig(BaseSettings):
         PoolSize.parse(value)
         return str(value).strip()  # an int (a number of bytes) is kept as its text
 
-    @field_validator("disk_ratio", "disk_size", "index_url", "object_store", mode="before")
+    @field_validator("disk_ratio", "disk_size", "index_url", "object_store", "seal_key_file", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -153,6 +154,7 @@ class CacheConfig(BaseSettings):
         if not self.use_disk:
             return None
         from chunkstore.cache.layout import KVLayout
+        from chunkstore.disk.seal_keys import seal_key_provider
         from chunkstore.disk.store_folder import store_root
         from chunkstore.disk.store_spec import StoreSpec
 
@@ -160,7 +162,8 @@ class CacheConfig(BaseSettings):
         return StoreSpec(store_root(self.disk_path, identity), index_url=self.index_url,
                          object_store=self.object_store, local_copy_bytes=self.local_copy_bytes,
                          capacity_bytes=self.disk_capacity_bytes(layout), codec=self.codec_for(layout),
-                         background_priority=self.background_priority)
+                         background_priority=self.background_priority,
+                         seal_key=seal_key_provider(self.seal_key_file))
 
     @property
     def local_copy_bytes(self) -> int:
@@ -275,6 +278,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(type=float)
         elif annotation is Path:
             kwargs.update(type=Path)
+        elif name == "seal_key_file":
+            group.add_argument(flag_name(name), "--seal-key", type=Path, metavar="PATH", **kwargs)
+            continue
         elif name in ("index_url", "object_store"):
             kwargs.update(metavar="URL")
         else:  # a new field must choose its flag type here

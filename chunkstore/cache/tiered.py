@@ -218,7 +218,7 @@ class TieredCache:
         disk = 0
         if self.store is not None and len(tokens) - m.num_tokens >= self.page_size:
             pages = chain_pages(self.identity, tokens[m.num_tokens:], namespace, parent_key=m.last_key)
-            disk = self.store.longest_prefix([p.key for p in pages]) * self.page_size
+            disk = self.store.longest_prefix([p.key for p in pages], namespace) * self.page_size
         return m.num_device_tokens, m.num_host_tokens, disk
 
     def release(self, hit: PrefixHit) -> None:
@@ -346,7 +346,7 @@ class TieredCache:
             return running, False
         if room == 0:
             return None, False
-        num_pages = self.store.longest_prefix([p.key for p in pages])
+        num_pages = self.store.longest_prefix([p.key for p in pages], namespace)
         if num_pages == 0:
             return None, False
         with self._lock:
@@ -771,7 +771,7 @@ class TieredCache:
 
     def _is_on_disk(self, node: RadixNode) -> bool:
         """Persisted, and still in the store (the marker is a hint; the store may have evicted it)."""
-        return self.store is not None and node.persisted and all(self.store.exists(node.keys))
+        return self.store is not None and node.persisted and all(self.store.exists(node.keys, node.namespace))
 
     # ---- flush, stats, close ---------------------------------------------------------------------
 

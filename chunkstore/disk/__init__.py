@@ -30,6 +30,10 @@ _OWNERS = {
     "chunkstore.disk.store_spec": ("DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_folder", "check_index_url",
                                    "check_object_store", "open_store"),
     "chunkstore.disk.files": ("ChunkFiles", "Durability", "PRIVATE_FILE_MODE", "make_private", "write_private_file"),
+    # a sealed store's master key (where it comes from) and its key operations' results
+    "chunkstore.disk.seal_keys": ("KeyProvider", "FileKeyProvider", "EnvKeyProvider", "MasterKey", "SealKeyError",
+                                  "seal_key_provider", "write_key_file"),
+    "chunkstore.disk.store_sealing": ("NamespaceKeyInfo", "ShredResult"),
     # the other types the store's methods take and return
     "chunkstore.disk.chunkfile": ("ChunkHeader",),
     "chunkstore.disk.file_check": ("FileCheck", "FileStatus"),
@@ -55,7 +59,10 @@ if TYPE_CHECKING:
     from chunkstore.disk.payload_cache import CachedPayloads
     from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, Staged
     from chunkstore.disk.results import EvictResult, PutResult, ReadOnlyStoreError, StoreStats
+    from chunkstore.disk.seal_keys import (EnvKeyProvider, FileKeyProvider, KeyProvider, MasterKey, SealKeyError,
+                                           seal_key_provider, write_key_file)
     from chunkstore.disk.store import ChunkStore
+    from chunkstore.disk.store_sealing import NamespaceKeyInfo, ShredResult
     from chunkstore.disk.store_folder import StoreBusyError, read_identity, store_root
     from chunkstore.disk.store_spec import (DEFAULT_LOCAL_COPY_BYTES, StoreSpec, check_folder, check_index_url,
                                             check_object_store, open_store)

@@ -19,6 +19,8 @@ class FileStatus(enum.Enum):
     MISSING = "missing"  # no file (the row, if any, is stale)
     UNREADABLE = "unreadable"  # the file exists and reading it failed (an I/O error)
     CORRUPT = "corrupt"  # read, and failed verification (checksum, header, identity, row)
+    UNAUTHENTIC = "unauthentic"  # a sealed store's chunk that does not authenticate (forged, damaged,
+    # moved, or sealed under a key the store does not hold): a security event, and bad as CORRUPT is
     UNAVAILABLE = "unavailable"  # the storage could not be reached (an object store gone away):
     # nothing is known of the payload, so it is a miss and nothing is changed
 
@@ -29,6 +31,7 @@ class FileCheck:
     header: ChunkHeader | None = None
     size_bytes: int = 0
     reason: str = ""
+    parent_key: bytes | None = None  # (OK) the parent's key as the index names it (keyring.py)
 
     @property
     def is_ok(self) -> bool:
@@ -37,15 +40,19 @@ class FileCheck:
     @property
     def is_bad(self) -> bool:
         """Present and not usable: what a repair quarantines."""
-        return self.status in (FileStatus.UNREADABLE, FileStatus.CORRUPT)
+        return self.status in (FileStatus.UNREADABLE, FileStatus.CORRUPT, FileStatus.UNAUTHENTIC)
+
+    @property
+    def is_unauthentic(self) -> bool:
+        return self.status is FileStatus.UNAUTHENTIC
 
     @property
     def text(self) -> str:
         return self.reason or self.status.value
 
     @classmethod
-    def ok(cls, header: ChunkHeader, size_bytes: int) -> "FileCheck":
-        return cls(FileStatus.OK, header, size_bytes)
+    def ok(cls, header: ChunkHeader, size_bytes: int, parent_key: bytes | None = None) -> "FileCheck":
+        return cls(FileStatus.OK, header, size_bytes, parent_key=header.parent_key if parent_key is None else parent_key)
 
     @classmethod
     def missing(cls) -> "FileCheck":
@@ -58,6 +65,10 @@ class FileCheck:
     @classmethod
     def unavailable(cls, exc: OSError) -> "FileCheck":
         return cls(FileStatus.UNAVAILABLE, reason=f"unavailable: {exc}")
+
+    @classmethod
+    def unauthentic(cls, reason: str, size_bytes: int = 0) -> "FileCheck":
+        return cls(FileStatus.UNAUTHENTIC, None, size_bytes, f"unauthentic: {reason}")
 
     @classmethod
     def corrupt(cls, reason: str, size_bytes: int = 0) -> "FileCheck":

@@ -219,6 +219,9 @@ class SqliteDialect:
     def lock_migrations(self, conn: Connection) -> None:
         pass  # the file's one writer
 
+    def lock_table(self, conn: Connection, table: str) -> None:
+        pass  # the file's one writer
+
     def drop(self) -> None:
         for f in db_files(self.url):
             f.unlink(missing_ok=True)
@@ -330,6 +333,10 @@ class PostgresDialect:
 
     def lock_migrations(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")  # one server at a time
+
+    def lock_table(self, conn: Connection, table: str) -> None:
+        """No other server writes ``table`` until the transaction ends (they wait; readers do not)."""
+        conn.exec_driver_sql(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
 
     def drop(self) -> None:
         """The index's tables, and the management API's (they share its alembic history); the

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-from chunkstore.disk.chunkfile import ChunkHeader
 from chunkstore.disk.eviction import EvictionSelection
 from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.index import ChunkRow
@@ -83,9 +82,12 @@ def check_file(store: ChunkStore, key: bytes, row: ChunkRow | None = None) -> Fi
     return store.verify_file(key, row=row)
 
 
-def _row_from(store: ChunkStore, header: ChunkHeader, size: int, mtime: float) -> ChunkRow:
-    return ChunkRow(key=header.key, parent_key=header.parent_key, namespace=header.namespace,
-                    num_tokens=store.identity.page_size, raw_bytes=header.raw_size_bytes, stored_bytes=size,
+def _row_from(store: ChunkStore, key: bytes, check: FileCheck, mtime: float) -> ChunkRow:
+    """The index row of the verified payload of ``key`` (its stored key, and its parent's as the
+    check named it: a sealed store's names, not the header's chain keys)."""
+    header = check.header
+    return ChunkRow(key=key, parent_key=check.parent_key, namespace=header.namespace,
+                    num_tokens=store.identity.page_size, raw_bytes=header.raw_size_bytes, stored_bytes=check.size_bytes,
                     created_at=mtime, last_access_at=mtime)
 
 
@@ -186,7 +188,7 @@ def _index_valid(store: ChunkStore, keys: Sequence[bytes]) -> tuple[int, int]:
     rows, bad = [], []
     for key, check in zip(keys, results):
         if check.is_ok:
-            rows.append(_row_from(store, check.header, check.size_bytes, _mtime(store, key)))
+            rows.append(_row_from(store, key, check, _mtime(store, key)))
         elif check.status is FileStatus.UNAVAILABLE:
             raise unavailable_error(store, check)
         elif check.is_bad:

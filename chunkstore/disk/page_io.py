@@ -31,7 +31,10 @@ from chunkstore.disk.file_check import FileCheck
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import PageRef
+from chunkstore.disk.keyring import PlainSealing, Sealing
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable, ReadBuffers
+from chunkstore.disk.seal_keys import SealKeyError
+from chunkstore.disk.sealing import SEAL_OVERHEAD_BYTES, AuthenticationError
 from chunkstore.priority import ThreadPriority, lower_this_thread
 
 if TYPE_CHECKING:
@@ -90,9 +93,9 @@ def encode_page(page: PageRef, raw: np.ndarray, identity: ModelIdentity, codec: 
 
 
 def max_payload_bytes(identity: ModelIdentity) -> int:
-    """The largest chunk file a page of ``identity`` can make (raw planes, per-token ids, a header
-    and slack): reads refuse anything bigger."""
-    return identity.page_size_bytes + 8 * identity.page_size + (64 << 10)
+    """The largest chunk file a page of ``identity`` can make (raw planes, per-token ids, a header,
+    a seal and slack): reads refuse anything bigger."""
+    return identity.page_size_bytes + 8 * identity.page_size + SEAL_OVERHEAD_BYTES + (64 << 10)
 
 
 def check_matches(header: ChunkHeader, page: PageRef) -> None:
@@ -109,13 +112,15 @@ def check_matches(header: ChunkHeader, page: PageRef) -> None:
 
 class PageLoader:
     """Reads and verifies payloads: ``io_threads`` read (default 8), ``decode_threads`` decode
-    (default one per core), all at ``priority``. Thread-safe; ``close`` joins its threads."""
+    (default one per core), all at ``priority``; a sealed store's are opened by its ``sealing``
+    first (keyring.py). Thread-safe; ``close`` joins its threads."""
 
     def __init__(self, payloads: PayloadStore, identity: ModelIdentity, *, io_threads: int | None = None,
                  decode_threads: int | None = None, priority: ThreadPriority = ThreadPriority.NORMAL,
-                 thread_name: str = "chunkstore"):
+                 thread_name: str = "chunkstore", sealing: Sealing | None = None):
         self.payloads = payloads
         self.identity = identity
+        self.sealing: Sealing = PlainSealing() if sealing is None else sealing
         self.max_payload_bytes = max_payload_bytes(identity)
         self.io_threads = io_threads or default_io_threads()
         lowered = {"initializer": lower_this_thread, "initargs": (ThreadPriority.parse(priority),)}
@@ -133,23 +138,24 @@ class PageLoader:
         self._io_pool.shutdown(wait=True)
         self._decode_pool.shutdown(wait=True)
 
-    def load(self, jobs: Sequence[tuple[int, PageRef, torch.Tensor]]) -> dict[int, FileCheck]:
-        """Read the payload of each job's page and decode it into the job's tensor; returns what
-        each job's check found, by job index. Reads run on the I/O threads and each is decoded as
-        soon as it lands, so the disk stays busy while the cores decode."""
-        reads = {self._io_pool.submit(self._read, p): (i, p, out) for i, p, out in jobs}
+    def load(self, jobs: Sequence[tuple[int, bytes, PageRef, torch.Tensor]]) -> dict[int, FileCheck]:
+        """Read the payload each job names (its stored key: the page's own, or in a sealed store
+        its stored name) and decode it into the job's tensor, checked against the job's page;
+        returns what each job's check found, by job index. Reads run on the I/O threads and each is
+        decoded as soon as it lands, so the disk stays busy while the cores decode."""
+        reads = {self._io_pool.submit(self._read, name): (i, name, p, out) for i, name, p, out in jobs}
         statuses: dict[int, FileCheck] = {}
         decodes = {}
         handed_over: set = set()
         try:
             for fut in as_completed(reads):
-                i, page, out = reads[fut]
+                i, name, page, out = reads[fut]
                 buf, view, failed = fut.result()
                 handed_over.add(fut)
                 if view is None:
                     statuses[i] = failed
                 else:
-                    decodes[i] = self._decode_pool.submit(self._decode, page, out, buf, view)
+                    decodes[i] = self._decode_pool.submit(self._decode, name, page, out, buf, view)
         except BaseException:
             # Give back the buffers of reads that never reached a decoder.
             for fut in reads:
@@ -163,11 +169,11 @@ class PageLoader:
             statuses[i] = fut.result()
         return statuses
 
-    def _read(self, page: PageRef) -> tuple[mmap.mmap | None, memoryview | None, FileCheck | None]:
+    def _read(self, name: bytes) -> tuple[mmap.mmap | None, memoryview | None, FileCheck | None]:
         """(buffer, view, None) once read, or (None, None, what failed)."""
         buf = self._read_buffers.acquire()
         try:
-            return buf, self.payloads.read(page.key, self.max_payload_bytes, buffer=buf), None
+            return buf, self.payloads.read(name, self.max_payload_bytes, buffer=buf), None
         except FileNotFoundError:
             failed = FileCheck.missing()
         except PayloadsUnavailable as exc:
@@ -180,14 +186,14 @@ class PageLoader:
         self._read_buffers.release(buf)
         return None, None, failed
 
-    def _decode(self, page: PageRef, out: torch.Tensor, buf: mmap.mmap, view: memoryview) -> FileCheck:
+    def _decode(self, name: bytes, page: PageRef, out: torch.Tensor, buf: mmap.mmap, view: memoryview) -> FileCheck:
         try:
             if out.device.type == "cpu" and out.is_contiguous():
-                return self.check(page.key, view, page, page_tensor_bytes(out))
+                return self.check(name, view, page, page_tensor_bytes(out))
             import torch
 
             tmp = torch.empty(self.identity.page_shape, dtype=out.dtype)
-            check = self.check(page.key, view, page, page_tensor_bytes(tmp))
+            check = self.check(name, view, page, page_tensor_bytes(tmp))
             if check.is_ok:
                 out.copy_(tmp)
             return check
@@ -211,19 +217,30 @@ class PageLoader:
 
     def check(self, key: bytes, data: memoryview, page: PageRef | None = None, out: np.ndarray | None = None,
               row: ChunkRow | None = None) -> FileCheck:
-        """Verify the payload ``data`` of ``key`` (and, given ``page`` or ``row``, that it holds what
-        they say), decoding into ``out`` (a scratch buffer when None)."""
+        """Verify the payload ``data`` stored under ``key`` (and, given ``page`` or ``row``, that it
+        holds what they say), decoding into ``out`` (a scratch buffer when None). In a sealed store
+        it must open with the keys of the page's or row's namespace (else those its key id
+        names), and ``key`` must be the stored name of the page it holds."""
+        namespace = page.namespace if page is not None else row.namespace if row is not None else None
         try:
-            header, _ = decode_chunk(data, out, self.identity.kv_dtype, self.identity.page_shape)
-            if header.key != key:
+            chunk, names = self.sealing.open(key, data, namespace)
+            header, _ = decode_chunk(chunk, out, self.identity.kv_dtype, self.identity.page_shape)
+            if names.name(header.key) != key:
                 raise CorruptChunkError("file holds another key")
+            if names.namespace is not None and header.namespace != names.namespace:
+                raise CorruptChunkError("namespace differs from the one its keys belong to")
             if page is not None:
                 check_matches(header, page)
-            if row is not None and (header.parent_key, header.namespace) != (row.parent_key, row.namespace):
+            parent_key = names.name(header.parent_key)
+            if row is not None and (parent_key, header.namespace) != (row.parent_key, row.namespace):
                 raise CorruptChunkError("parent key or namespace differs from the index row")
+        except AuthenticationError as exc:
+            return FileCheck.unauthentic(str(exc), len(data))
         except CorruptChunkError as exc:
             return FileCheck.corrupt(str(exc), len(data))
-        return FileCheck.ok(header, len(data))
+        except SealKeyError as exc:  # a key row this server cannot open (a rotated master key): the chunk
+            return FileCheck.unavailable(exc)  # is not known bad, so nothing is changed
+        return FileCheck.ok(header, len(data), parent_key)
 
 
 def default_io_threads() -> int:

@@ -34,7 +34,10 @@ from chunkstore.disk.results import PutResult, StoreStats, SweepResult
 if TYPE_CHECKING:
     from chunkstore.disk.store import ChunkStore
 
-Todo = dict[bytes, tuple[PageRef, np.ndarray]]  # the pages a put still has to store, by key
+# The pages a put still has to store, by stored key: each as the store keeps it (its stored key and
+# its parent's: a sealed store's names, keyring.py), its bytes, and the page as the caller named it
+# (what its chunk header holds).
+Todo = dict[bytes, tuple[PageRef, np.ndarray, PageRef]]
 Written = dict[bytes, tuple[Staged, int]]  # their staged payloads and stored sizes, by key
 
 
@@ -56,24 +59,30 @@ class StoreProtocol:
 
     # -- the put path ------------------------------------------------------------------------
 
-    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], result: PutResult) -> PutResult:
+    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], originals: Sequence[PageRef],
+            result: PutResult) -> PutResult:
+        """Store ``pages`` (as the store keeps them) with their bytes ``arrays``; ``originals`` are
+        the pages as the caller named them (the same, unless the store is sealed)."""
         raise NotImplementedError
 
-    def todo(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], stored: set[bytes],
-             result: PutResult) -> Todo:
+    def todo(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], originals: Sequence[PageRef],
+             stored: set[bytes], result: PutResult) -> Todo:
         """The pages to write: a key ``stored`` already, or twice in the batch, is a duplicate."""
         todo: Todo = {}
-        for p, t in zip(pages, arrays):
+        for p, t, original in zip(pages, arrays, originals):
             if p.key in stored or p.key in todo:
                 result.deduplicated.append(p.key)
                 self.index.count_event(p.namespace, "dedup_hits")
             else:
-                todo[p.key] = (p, t)
+                todo[p.key] = (p, t, original)
         return todo
 
-    def encode_and_stage(self, page: PageRef, raw: np.ndarray) -> tuple[Staged, int]:
+    def encode_and_stage(self, page: PageRef, raw: np.ndarray, original: PageRef) -> tuple[Staged, int]:
+        """The chunk file of ``original`` (sealed under ``page``'s stored key in a sealed store),
+        staged under that key; returns it and its size."""
         store = self.store
-        segments, size = encode_page(page, raw, store.identity, store.codec, store.zstd_level)
+        segments, size = encode_page(original, raw, store.identity, store.codec, store.zstd_level)
+        segments, size = store.sealing.seal(page, segments, size)
         return self.payloads.stage(page.key, segments), size
 
     def submit(self, todo: Todo, task) -> dict[bytes, Future]:
@@ -277,7 +286,8 @@ class StoreProtocol:
 class FolderProtocol(StoreProtocol):
     """A store whose payloads only it writes (its folder, or a bucket of its own)."""
 
-    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], result: PutResult) -> PutResult:
+    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], originals: Sequence[PageRef],
+            result: PutResult) -> PutResult:
         try:
             present = self.index.present([p.key for p in pages])
         except DBAPIError as exc:  # the index does not answer: nothing is written, nothing lost
@@ -285,7 +295,7 @@ class FolderProtocol(StoreProtocol):
                 result.failed[p.key] = f"write failed: index unavailable: {exc.orig}"
             self.writes.failed("index lookup", exc, num_pages=len(pages))
             return result
-        todo = self.todo(pages, arrays, present, result)
+        todo = self.todo(pages, arrays, originals, present, result)
         written = self.collect(self.submit(todo, self.encode_and_stage), todo, result)
         if written:
             self.publish(todo, written, result)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from chunkstore.disk.payload_cache import LocalCopyStats
 
 STORE_WIDE = ""  # counter namespace for events that belong to no known namespace
-COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors")
+COUNTER_NAMES = ("hits", "misses", "dedup_hits", "evictions", "quarantined", "write_errors", "auth_failures")
 # A server whose counts were not written for this long is shown stale: idle, or gone (its row is
 # pruned after chunkstore.disk.index.SERVER_PRUNE_S). A live server writes them at least every few
 # seconds while it serves, and with every flush.
@@ -99,6 +99,7 @@ class NamespaceStats:
     dedup_hits: int
     evictions: int
     quarantined: int
+    auth_failures: int = 0  # a sealed store's chunks that failed authentication (security events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +167,8 @@ class StoreStats:
     quarantined: int
     write_errors: int  # failed page writes, kept in the index (across restarts)
     namespaces: tuple[NamespaceStats, ...]
+    auth_failures: int = 0  # a sealed store's chunks that failed authentication, kept in the index
+    sealed: bool = False  # a sealed store (every chunk encrypted and authenticated, keyring.py)
     write_health: WriteHealth = WriteHealth()  # this process's view: failures since the store opened
     shared: SharedTierStats | None = None  # a shared tier's own figures; None for a store of its own
 
@@ -183,7 +186,7 @@ def store_stats(counts: dict[tuple[str, str], int], usage: Iterable[NamespaceUsa
             namespace=ns, num_chunks=u.num_chunks if u else 0, raw_bytes=u.raw_bytes if u else 0,
             stored_bytes=u.stored_bytes if u else 0, quota_bytes=u.quota_bytes if u else None,
             hits=c["hits"], misses=c["misses"], dedup_hits=c["dedup_hits"], evictions=c["evictions"],
-            quarantined=c["quarantined"],
+            quarantined=c["quarantined"], auth_failures=c["auth_failures"],
         ))
     total = {name: sum(v for (_, n), v in counts.items() if n == name) for name in COUNTER_NAMES}
     raw = sum(n.raw_bytes for n in per_ns)
@@ -194,4 +197,5 @@ def store_stats(counts: dict[tuple[str, str], int], usage: Iterable[NamespaceUsa
         hits=total["hits"], misses=total["misses"], dedup_hits=total["dedup_hits"],
         evictions=total["evictions"], quarantined=total["quarantined"],
         write_errors=total["write_errors"], namespaces=tuple(per_ns), write_health=write_health,
+        auth_failures=total["auth_failures"],
     )

@@ -84,3 +84,16 @@ server_counters = Table(
     Column("last_seen_at", Float, nullable=False),
     Index("ix_server_counters_last_seen_at", "last_seen_at"),
 )
+
+# A sealed store's keys (alembic 0009): per namespace, its data and naming keys wrapped by the
+# master key ``master_key_id`` names (sealing.py); ``key_id`` is the public id every sealed chunk of
+# the namespace names. Deleting a row crypto-shreds its namespace.
+seal_keys = Table(
+    "seal_keys", metadata,
+    Column("namespace", String, primary_key=True),
+    Column("key_id", LargeBinary(8), nullable=False),
+    Column("master_key_id", String, nullable=False),
+    Column("wrapped", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("ix_seal_keys_key_id", "key_id", unique=True),
+)

@@ -63,14 +63,15 @@ class SharedProtocol(StoreProtocol):
 
     # -- the put path ------------------------------------------------------------------------
 
-    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], result: PutResult) -> PutResult:
+    def put(self, pages: Sequence[PageRef], arrays: Sequence[np.ndarray], originals: Sequence[PageRef],
+            result: PutResult) -> PutResult:
         """Pipelined so that the index round trips overlap the uploads: the first keys, one per
         write worker, are claimed and their uploads started, the rest are claimed while those
         upload; the rows are committed in two steps, all but the last COMMIT_TAIL_PAGES pages
         while those still upload. Each step keeps the protocol: a key is claimed before it is
         uploaded, and its row goes in only after its upload. The claim leaves the stored keys out
         itself (no lookup before it)."""
-        todo = self.todo(pages, arrays, set(), result)
+        todo = self.todo(pages, arrays, originals, set(), result)
         keys = list(todo)
         futures: dict[bytes, Future] = {}
         claimed: list[bytes] = []
@@ -99,9 +100,9 @@ class SharedProtocol(StoreProtocol):
                 self.release_claims(unclaim)
         return result
 
-    def encode_and_upload(self, page: PageRef, raw: np.ndarray) -> tuple[Staged, int]:
+    def encode_and_upload(self, page: PageRef, raw: np.ndarray, original: PageRef) -> tuple[Staged, int]:
         """A claimed page: encoded, then uploaded write-once (not yet indexed)."""
-        staged, size = self.encode_and_stage(page, raw)
+        staged, size = self.encode_and_stage(page, raw, original)
         self.payloads.publish([staged])
         return staged, size
 

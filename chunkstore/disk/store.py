@@ -25,6 +25,7 @@ quotas), store_folder.py (store.json, the lock, ``store_root``, the index's clai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -47,6 +48,8 @@ from chunkstore.disk.index import ChunkIndex, ChunkRow, drop_index, sqlite_url
 from chunkstore.disk.index_reads import IndexReads
 from chunkstore.disk.read_only import mutation as _mutation
 from chunkstore.disk.store_eviction import EvictionOps
+from chunkstore.disk.store_sealing import SealOps
+from chunkstore.disk.keyring import Sealing, carry_seal_state, open_sealing
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.page_io import PageLoader, page_arrays, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable
@@ -57,6 +60,8 @@ from chunkstore.disk.shared_protocol import CLAIM_TTL_S, SHARED_WRITE_WORKERS, S
 from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_FILENAME, StoreBusyError, WriterLock,
                                           check_identity, claim_index, make_private_once, read_identity, store_root,
                                           warn_if_not_private)
+from chunkstore.disk.seal_keys import KeyProvider
+from chunkstore.disk.security_events import SecurityEvents
 from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures
 from chunkstore.priority import ThreadPriority, lower_this_thread
 
@@ -81,12 +86,13 @@ __all__ = [
 MUTATING_METHODS = (
     "put", "evict", "delete", "delete_namespace", "pin", "unpin", "set_quota",
     "adopt", "quarantine", "sweep", "drop_missing", "remove_leftover_temps", "purge_quarantine", "checkpoint",
-    "write_side_tables",
+    "write_side_tables", "shred_namespace", "rotate_seal_key",
 )
 READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
     "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers", "lapsed_claims", "claimed_keys",
+    "namespace_keys",
 )
 
 
@@ -97,7 +103,7 @@ def default_num_workers(shared: bool = False) -> int:
     return max(folder, SHARED_WRITE_WORKERS) if shared else folder
 
 
-class ChunkStore(IndexReads, EvictionOps):
+class ChunkStore(IndexReads, EvictionOps, SealOps):
     """A persistent, content-addressed store of KV pages under ``path``.
 
     Thread-safe. ``capacity_bytes`` bounds the stored (compressed) bytes; None means unbounded.
@@ -146,6 +152,7 @@ class ChunkStore(IndexReads, EvictionOps):
         index_factory: Callable[..., ChunkIndex] = ChunkIndex,
         payloads: PayloadStore | None = None,
         background_priority: ThreadPriority = ThreadPriority.NORMAL,
+        seal_key: KeyProvider | None = None,
     ):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
@@ -165,6 +172,7 @@ class ChunkStore(IndexReads, EvictionOps):
         self._closed = False
         self._writes = WriteFailures(self.root, failure_log_interval_s)
         self._reads = WriteFailures(self.root, failure_log_interval_s, kind="read")
+        self._security = SecurityEvents(self.root, failure_log_interval_s)
         if read_only:
             if not (self.root / STORE_FILENAME).is_file():
                 raise FileNotFoundError(f"no chunk store at {self.root}")
@@ -180,6 +188,7 @@ class ChunkStore(IndexReads, EvictionOps):
                 self.payloads.create()
                 self.payloads.remove_leftovers()
                 if reset_index:  # the payloads stay; `maintenance.rebuild` re-indexes them
+                    carried = carry_seal_state(url)  # (a sealed store's keys live in its index)
                     drop_index(url)
             # A writer that finds payloads but no index must not start an empty one (that would
             # hide every chunk): it asks for `chunkstore rebuild` instead.
@@ -188,6 +197,11 @@ class ChunkStore(IndexReads, EvictionOps):
             if self._index.dialect.serves_many_stores:
                 claim_index(self._index, self.root, identity, read_only=read_only,
                             allow_other_models=allow_other_models, shared_name=self.payloads.shared_name)
+            if reset_index and not read_only:
+                carried.restore(self._index)
+            # Sealed or not, chosen once (keyring.py): how pages are named and stored.
+            self.sealing: Sealing = open_sealing(self._index, seal_key, identity, read_only=read_only,
+                                                 where=self.payloads.shared_name or str(self.root))
             if read_only:
                 warn_if_not_private(self.root)
             else:
@@ -196,11 +210,12 @@ class ChunkStore(IndexReads, EvictionOps):
             self._release_writer_lock()
             raise
         self.num_workers = num_workers or default_num_workers(self.shared)
-        self._loader = PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads)
+        self._loader = PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads,
+                                  sealing=self.sealing)
         self.io_threads, self.decode_threads = self._loader.io_threads, self._loader.decode_threads
         self._background_loader = self._loader if self.background_priority is ThreadPriority.NORMAL else \
             PageLoader(self.payloads, identity, io_threads=io_threads, decode_threads=decode_threads,
-                       priority=self.background_priority, thread_name="chunkstore-background")
+                       priority=self.background_priority, thread_name="chunkstore-background", sealing=self.sealing)
         self._pool = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="chunkstore-write",
                                         initializer=lower_this_thread, initargs=(self.background_priority,))
         # The one place that knows whether the tier is shared: how pages are published and go.
@@ -236,6 +251,7 @@ class ChunkStore(IndexReads, EvictionOps):
         except DBAPIError as exc:  # a full disk: those counters are lost, the index stays consistent
             self._writes.failed("index flush at close", exc, num_pages=0)
         self._writes.flush_log()
+        self._security.flush_log()
         self.payloads.close()
         self._release_writer_lock()
 
@@ -264,39 +280,53 @@ class ChunkStore(IndexReads, EvictionOps):
         deduplicated (nothing written). Compression and payload writes run in the worker pool; the
         index is updated under the writer lock (protocol.py, shared_protocol.py). A page that
         cannot be written (disk full, over capacity or quota) is listed in ``failed`` and leaves
-        nothing visible. Raises ValueError for a page of the wrong shape, dtype or token count,
-        ReadOnlyStoreError.
+        nothing visible. The result names pages by their keys as given (a sealed store stores
+        them under names of its own: ``sealing``). Raises ValueError for a page of the wrong
+        shape, dtype or token count, ReadOnlyStoreError, SealKeyError (a sealed store whose key
+        cannot make a new namespace's keys).
         """
         if len(pages) != len(tensors):
             raise ValueError(f"{len(pages)} pages but {len(tensors)} tensors")
         for p, t in zip(pages, tensors):
             self._check_page(p, t)
-        return self._protocol.put(pages, page_arrays(tensors), PutResult())
+        arrays = page_arrays(tensors)
+        if not self.sealing.is_sealed:
+            return self._protocol.put(pages, arrays, pages, PutResult())
+        stored = self.sealing.stored_pages(pages, create=True)
+        result = self._protocol.put(stored, arrays, pages, PutResult())
+        given = {s.key: p.key for s, p in zip(stored, pages)}
+        return PutResult(stored=[given[k] for k in result.stored], deduplicated=[given[k] for k in result.deduplicated],
+                         failed={given[k]: why for k, why in result.failed.items()})
 
     # -- get / exists ----------------------------------------------------------------------
 
-    def _present(self, keys: Sequence[bytes]) -> set[bytes]:
+    def _present(self, keys: Sequence[bytes | None]) -> set[bytes]:
         """The stored keys among ``keys``; none while the index does not answer (a database that
         went away: a miss, logged at most once per interval, never an error to the caller)."""
         try:
-            present = self._index.present(keys)
+            present = self._index.present([k for k in keys if k is not None])
         except DBAPIError as exc:
             self._reads.failed("index lookup", exc, num_pages=len(keys))
             return set()
         self._reads.succeeded()
         return present
 
-    def exists(self, keys: Sequence[bytes]) -> list[bool]:
+    def exists(self, keys: Sequence[bytes], namespace: str | None = None) -> list[bool]:
         """Whether each key is stored (index only; no file is opened). False while the index does
-        not answer."""
-        present = self._present(keys)
-        return [k in present for k in keys]
+        not answer. ``keys`` are keys as the index holds them (its rows'), or, given their
+        ``namespace``, chain keys as ``chain_pages`` makes them: the same in an unsealed store,
+        named by the namespace's naming key in a sealed one."""
+        names = self.sealing.names(namespace, keys)
+        present = self._present(names)
+        return [k in present for k in names]
 
-    def longest_prefix(self, keys: Sequence[bytes]) -> int:
-        """How many leading keys of a chain are stored (0 while the index does not answer)."""
-        present = self._present(keys)
+    def longest_prefix(self, keys: Sequence[bytes], namespace: str | None = None) -> int:
+        """How many leading keys of a chain are stored (0 while the index does not answer); the keys
+        as for ``exists``."""
+        names = self.sealing.names(namespace, keys)
+        present = self._present(names)
         n = 0
-        for k in keys:
+        for k in names:
             if k not in present:
                 break
             n += 1
@@ -317,40 +347,44 @@ class ChunkStore(IndexReads, EvictionOps):
         runs at ``background_priority``.
 
         A destination whose page missed holds unspecified bytes. Missing files drop their row;
-        corrupt files are quarantined. Never raises for a bad file.
+        corrupt files are quarantined, and in a sealed store a chunk that does not authenticate
+        is also counted and logged as a security event. Never raises for a bad file.
         """
         if len(pages) != len(outs):
             raise ValueError(f"{len(pages)} pages but {len(outs)} destinations")
         for out in outs:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
-        present = self._present([p.key for p in pages])
+        names = [s.key if s is not None else None for s in self.sealing.stored_pages(pages)]
+        present = self._present(names)
         loader = self._background_loader if background else self._loader
-        checks = loader.load([(i, p, outs[i]) for i, p in enumerate(pages) if p.key in present])
+        checks = loader.load([(i, names[i], p, outs[i]) for i, p in enumerate(pages) if names[i] in present])
         hits: list[bool] = []
-        missing: list[PageRef] = []
-        corrupt: list[tuple[PageRef, str]] = []
+        missing: list[bytes] = []
+        corrupt: list[tuple[bytes, PageRef, FileCheck]] = []
         for i, p in enumerate(pages):
             check = checks.get(i)  # None: not in the index
             hits.append(check is not None and check.is_ok)
             if check is not None and check.status is FileStatus.MISSING:
-                missing.append(p)
+                missing.append(names[i])
             elif check is not None and check.status is FileStatus.UNAVAILABLE:
                 self._reads.failed("payload read", PayloadsUnavailable(check.text), num_pages=1)
             elif check is not None and check.is_bad:
-                corrupt.append((p, check.text))
-        hit_pages = [p for p, h in zip(pages, hits) if h]
+                corrupt.append((names[i], p, check))
         try:
-            self._index.touch(p.key for p in hit_pages)  # may flush a full buffer to the index
+            self._index.touch(n for n, h in zip(names, hits) if h)  # may flush a full buffer to the index
         except DBAPIError as exc:  # a full disk: the access times are dropped, the read still counts
             self._writes.failed("index flush", exc, num_pages=0)
         for p, h in zip(pages, hits):
             self._index.count_event(p.namespace, "hits" if h else "misses")
         try:
             if missing and not self.read_only:
-                self._protocol.drop_missing([p.key for p in missing])
-            for p, why in corrupt:
-                self._quarantine(p.key, p.namespace, why, p)
+                self._protocol.drop_missing(missing)
+            for name, p, check in corrupt:
+                if check.is_unauthentic:
+                    self._index.count_event(p.namespace, "auth_failures")
+                    self._security.failed_authentication(name, p.namespace, check.text)
+                self._quarantine(name, p.namespace, check.text, p)
         except DBAPIError as exc:  # the index went away meanwhile: the next miss asks again
             self._reads.failed("index clean-up", exc, num_pages=0)
         return hits
@@ -489,4 +523,6 @@ class ChunkStore(IndexReads, EvictionOps):
         this server's read health and every server's counts, this one's first; shared_protocol.py)."""
         stats = store_stats(self._index.counter_values(), self._index.usage(), self.capacity_bytes,
                             self._writes.health())
+        if self.sealing.is_sealed:
+            stats = dataclasses.replace(stats, sealed=True)
         return self._protocol.stats(stats)

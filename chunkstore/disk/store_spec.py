@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from chunkstore.disk.identity import ModelIdentity
     from chunkstore.disk.objects import ObjectStoreConfig
     from chunkstore.disk.payloads import PayloadStore
+    from chunkstore.disk.seal_keys import KeyProvider
     from chunkstore.disk.store import ChunkStore
 
 __all__ = ["DEFAULT_LOCAL_COPY_BYTES", "StoreSpec", "check_folder", "check_index_url", "check_object_store", "open_store"]
@@ -86,7 +87,8 @@ class StoreSpec:
     ``object_store`` a bucket, ``s3://bucket[/prefix]`` or an ObjectStoreConfig (None: chunk
     files in the folder); ``local_copy_bytes`` the most bytes of a bucket's chunks kept on local
     disk (0: none; a read-only store keeps none); ``capacity_bytes`` the most stored bytes
-    (None: unbounded); ``codec`` None for the store's default for the dtype. Raises ValueError
+    (None: unbounded); ``codec`` None for the store's default for the dtype; ``seal_key`` the
+    master key of a sealed store (None: unsealed; seal_keys.py). Raises ValueError
     for a size out of range, a URL that names no backend, or a folder that cannot be one
     (``check_folder``)."""
 
@@ -99,6 +101,7 @@ class StoreSpec:
     durability: Durability = Durability.FSYNC
     background_priority: ThreadPriority = ThreadPriority.NORMAL
     read_only: bool = False
+    seal_key: KeyProvider | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "folder", check_folder(self.folder))
@@ -135,7 +138,7 @@ class StoreSpec:
 def open_store(spec: StoreSpec, identity: ModelIdentity | None = None, *, reset_index: bool = False) -> ChunkStore:
     """Open the store ``spec`` names, for ``identity`` (None: the one its ``store.json`` names).
     ``reset_index`` starts its index empty (rebuild). Raises what ChunkStore raises
-    (StoreBusyError, ModelMismatchError, IndexMissingError, ValueError, OSError, sqlalchemy's
+    (StoreBusyError, ModelMismatchError, IndexMissingError, ValueError: SealKeyError among them, OSError, sqlalchemy's
     DatabaseError), and FileNotFoundError when ``identity`` is None and the folder holds no store."""
     from chunkstore.disk.store import ChunkStore
     from chunkstore.disk.store_folder import read_identity
@@ -147,4 +150,4 @@ def open_store(spec: StoreSpec, identity: ModelIdentity | None = None, *, reset_
     return ChunkStore(spec.folder, identity, capacity_bytes=spec.capacity_bytes, codec=spec.codec,
                       durability=spec.durability, background_priority=spec.background_priority,
                       read_only=spec.read_only, reset_index=reset_index, index_url=spec.index_url,
-                      payloads=spec.payloads())
+                      payloads=spec.payloads(), seal_key=spec.seal_key)

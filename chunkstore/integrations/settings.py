@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from chunkstore.disk import (ChunkStore, Codec, Durability, ModelIdentity, ModelMismatchError, StoreBusyError,
-                             StoreSpec, check_folder, check_index_url, check_object_store, open_store, store_root)
+from chunkstore.disk import (ChunkStore, Codec, Durability, FileKeyProvider, KeyProvider, ModelIdentity,
+                             ModelMismatchError, StoreBusyError, StoreSpec, check_folder, check_index_url,
+                             check_object_store, open_store, seal_key_provider, store_root)
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import parse_bytes
 
@@ -19,7 +20,7 @@ from chunkstore.sizes import parse_bytes
 STORE_KEYS = {"disk_path": "disk_path", "disk_size": "disk_size_bytes", "compression": "compression",
               "durability": "durability", "background_priority": "background_priority",
               "max_pending": "max_pending_bytes", "index_url": "index_url", "object_store": "object_store",
-              "local_cache_size": "local_cache_bytes"}
+              "local_cache_size": "local_cache_bytes", "seal_key": "seal_key"}
 
 
 def check_keys(extra: dict[str, Any], known: Iterable[str], passthrough: Iterable[str], where: str) -> None:
@@ -53,6 +54,17 @@ def _local_copy_bytes(value: Any) -> int:
     return 0 if str(value).strip() == "0" else parse_bytes(value)  # 0: no local copy
 
 
+def _seal_key(value: Any) -> KeyProvider:
+    """A key file's provider, its key read once now so that a bad file is refused at start-up."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("a seal key is the path of a key file (chunkstore keys new PATH)")
+    from pathlib import Path
+
+    provider = FileKeyProvider(Path(value).expanduser())
+    provider.master_key()  # SealKeyError (a ValueError) says what is wrong with the file
+    return provider
+
+
 def store_fields(extra: dict[str, Any], where: str = "the extra config") -> dict[str, Any]:
     """The STORE_KEYS present in ``extra``, parsed, by settings field name. Raises ValueError naming
     the key and the value for anything it cannot use."""
@@ -68,6 +80,8 @@ def store_fields(extra: dict[str, Any], where: str = "the extra config") -> dict
         kw["index_url"] = parsed(where, "index_url", lambda v: check_index_url(str(v)), extra["index_url"])
     if extra.get("object_store") is not None:
         kw["object_store"] = parsed(where, "object_store", lambda v: check_object_store(str(v)), extra["object_store"])
+    if extra.get("seal_key") is not None:
+        kw["seal_key"] = parsed(where, "seal_key", _seal_key, extra["seal_key"])
     if extra.get("compression") not in (None, "auto"):
         kw["compression"] = parsed(where, "compression", Codec.parse, extra["compression"])
     if "durability" in extra:
@@ -83,12 +97,15 @@ def store_spec(settings: Any, identity: ModelIdentity, *, read_only: bool = Fals
     folder serves any model), as the settings describe it. A reader's spec names only where the
     store is: it writes nothing, so it keeps no capacity, codec, priority or local copy of its own."""
     folder = store_root(settings.disk_path, identity)
+    # A sealed store's key: the ``seal_key`` setting, else the environment's (seal_key_provider).
+    seal_key = settings.seal_key if settings.seal_key is not None else seal_key_provider()
     if read_only:
-        return StoreSpec(folder, index_url=settings.index_url, object_store=settings.object_store, read_only=True)
+        return StoreSpec(folder, index_url=settings.index_url, object_store=settings.object_store, read_only=True,
+                         seal_key=seal_key)
     return StoreSpec(folder, index_url=settings.index_url, object_store=settings.object_store,
                      local_copy_bytes=settings.local_cache_bytes, capacity_bytes=settings.disk_size_bytes,
                      codec=settings.compression, durability=settings.durability,
-                     background_priority=settings.background_priority)
+                     background_priority=settings.background_priority, seal_key=seal_key)
 
 
 def open_writer(settings: Any, identity: ModelIdentity, *, wait_s: float = 30.0) -> ChunkStore:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
-from chunkstore.disk import (DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, ChunkStore, Codec, Durability,
+from chunkstore.disk import (DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, KeyProvider,
                              ModelIdentity, PageRef, engine_pages, store_root)
 from chunkstore.integrations.settings import (STORE_KEYS, check_keys, extra_dict, open_reader, open_writer, parsed,
                                              store_fields)
@@ -60,6 +60,7 @@ class BackendSettings:
     index_url: str | None = None  # a shared tier's index (PostgreSQL); None: index.db in the store's folder
     object_store: str | None = None  # a shared tier's bucket (s3://bucket/prefix); None: the folder tree
     local_cache_bytes: int = DEFAULT_LOCAL_COPY_BYTES  # with object_store: the local copy of what was read
+    seal_key: KeyProvider | None = None  # a sealed store's master key (None: $CHUNKSTORE_SEAL_KEY_FILE's, or unsealed)
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "BackendSettings":
@@ -248,7 +249,7 @@ class ChunkstoreHiCache(HiCacheStorage):
         store = self._reader()
         if not keys or store is None:
             return 0
-        return store.longest_prefix([p.key for p in self._pages(keys)])
+        return store.longest_prefix([p.key for p in self._pages(keys)], self.settings.namespace)
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Read ``keys`` into the host pool's pages at ``host_indices`` (in place, verified, on the

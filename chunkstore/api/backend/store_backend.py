@@ -24,6 +24,7 @@ from chunkstore.disk.store import ChunkStore, read_identity
 
 if TYPE_CHECKING:
     from chunkstore.disk.objects import ObjectStoreConfig
+    from chunkstore.disk.seal_keys import KeyProvider
 
 from chunkstore.api.backend.base import (
     AdminBackend, BackendError, BackendKind, BackendSnapshot, Decode, FlushOutcome, ReadOnlyError, StartClock,
@@ -34,7 +35,8 @@ from chunkstore.api.backend.base import (
 class StoreBackend(AdminBackend):
     """A ChunkStore opened from ``path``; with ``index_url`` (a PostgreSQL database) and
     ``object_store`` (``s3://bucket[/prefix]``, endpoint and keys from the AWS_* variables, or an
-    ObjectStoreConfig) the shared tier's. Raises FileNotFoundError (no store there, no bucket),
+    ObjectStoreConfig) the shared tier's; ``seal_key`` the master key of a sealed store. Raises
+    FileNotFoundError (no store there, no bucket),
     StoreBusyError (another process writes it; use ``read_only``), IndexMissingError, ValueError (a
     bad URL), sqlalchemy's DatabaseError (a database that cannot be used), or RuntimeError (an
     index that needs `chunkstore db upgrade` before a read-only open)."""
@@ -43,10 +45,10 @@ class StoreBackend(AdminBackend):
 
     def __init__(self, path: str | Path, *, read_only: bool = False, decode: Decode | None = None,
                  durability: Durability = Durability.FSYNC, index_url: str | None = None,
-                 object_store: str | ObjectStoreConfig | None = None) -> None:
+                 object_store: str | ObjectStoreConfig | None = None, seal_key: KeyProvider | None = None) -> None:
         self.root = Path(path)
         self.spec = StoreSpec(self.root, index_url=index_url, object_store=object_store, durability=durability,
-                              read_only=read_only)
+                              read_only=read_only, seal_key=seal_key)
         identity = read_identity(self.root)
         if identity is None:
             raise FileNotFoundError(f"no chunk store at {self.root} (no store.json)")

@@ -1,18 +1,21 @@
-"""GET /namespaces (usage, quota, hit rate) and PUT /namespaces/{namespace}/quota."""
+"""GET /namespaces (usage, quota, hit rate), PUT /namespaces/{namespace}/quota and DELETE
+/namespaces/{namespace} (every page of it, from memory then disk; with ``shred``, a sealed
+store's namespace key first: crypto-shredding)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
+from chunkstore.cache.admin import MemorySelection
 from chunkstore.cache.stats import NamespaceLookups
 
 from chunkstore.api.backend.base import AdminBackend, NoDiskTierError
 from chunkstore.api.deps import AdminDep, BackendDep, ReaderDep, audit, require_reader
-from chunkstore.api.errors import ERROR_RESPONSES
+from chunkstore.api.errors import ERROR_RESPONSES, AdminError
 from chunkstore.api.schemas.common import NAMESPACE_PATTERN
-from chunkstore.api.schemas.namespaces import NamespaceList, NamespacePublic, QuotaUpdate
+from chunkstore.api.schemas.namespaces import NamespaceDeleted, NamespaceList, NamespacePublic, QuotaUpdate
 
 router = APIRouter(prefix="/namespaces", tags=["namespaces"], dependencies=[Depends(require_reader)],
                    responses=ERROR_RESPONSES)
@@ -47,3 +50,39 @@ def set_quota(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_leng
         store.set_quota(namespace, body.quota_bytes)
     audit(request, caller, {"namespace": namespace, "quota_bytes": body.quota_bytes}, is_destructive=False)
     return _namespaces(backend, namespace)[0]
+
+
+@router.delete("/{namespace:path}", response_model=NamespaceDeleted)
+def delete_namespace(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_length=256)], request: Request,
+                     caller: AdminDep, backend: BackendDep,
+                     shred: Annotated[bool, Query(description="a sealed store only: destroy the namespace's key "
+                                                              "first, so that no server, local copy or old copy of "
+                                                              "the bucket can read any of its chunks again")] = False,
+                     ) -> NamespaceDeleted:
+    """Delete every page of a namespace: from the memory tiers first (pages that requests in
+    progress lock stay), then its chunks on disk, pinned ones included. Admin token only."""
+    audit(request, caller, {"namespace": namespace, "shred": shred})
+    removed = left = 0
+    for tier in backend.memory_tiers:
+        done = backend.evict_memory_selected(tier, MemorySelection(namespace=namespace), dry_run=False)
+        removed += done.num_pages
+        left += done.locked_pages + done.kept_pages
+    num_chunks = stored_bytes = 0
+    key_destroyed = None
+    try:
+        with backend.using_store(write=True) as store:
+            if shred:
+                if not store.is_sealed:
+                    raise AdminError.invalid("shred needs a sealed store (chunkstore serve --seal-key); without "
+                                             "it, delete the namespace without shred", "shred")
+                shredded = store.shred_namespace(namespace)
+                num_chunks, stored_bytes, key_destroyed = shredded.num_chunks, shredded.stored_bytes, \
+                    shredded.key_destroyed
+            else:
+                deleted = store.delete_namespace(namespace)
+                num_chunks, stored_bytes = deleted.num_chunks, deleted.stored_bytes
+    except NoDiskTierError:
+        if shred:
+            raise AdminError.invalid("shred needs a sealed disk tier; this cache has no disk tier", "shred") from None
+    return NamespaceDeleted(namespace=namespace, memory_pages=removed, memory_pages_left=left, num_chunks=num_chunks,
+                            stored_bytes=stored_bytes, key_destroyed=key_destroyed)

@@ -1,4 +1,5 @@
-"""The namespace family: NamespacePublic (usage, quota, hit rate), NamespaceList, QuotaUpdate."""
+"""The namespace family: NamespacePublic (usage, quota, hit rate), NamespaceList, QuotaUpdate,
+NamespaceDeleted."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class NamespacePublic(BaseModel):
     dedup_hits: int
     evictions: int
     quarantined: int
+    auth_failures: int = Field(0, description="a sealed store's chunks of this namespace that failed authentication "
+                                             "(forged, damaged or moved): security events, never served")
     device_pages: int | None = Field(None, description="pages held on the device (a live cache)")
     host_pages: int | None = Field(None, description="pages held in host memory (a live cache)")
     lookups: int | None = Field(None, description="the cache's prefix lookups since it started (a live cache)")
@@ -37,7 +40,7 @@ class NamespacePublic(BaseModel):
                    quota_bytes=disk.quota_bytes if disk else None, hits=hits, misses=misses,
                    hit_rate=hits / (hits + misses) if hits + misses else 0.0,
                    dedup_hits=disk.dedup_hits if disk else 0, evictions=disk.evictions if disk else 0,
-                   quarantined=disk.quarantined if disk else 0,
+                   quarantined=disk.quarantined if disk else 0, auth_failures=disk.auth_failures if disk else 0,
                    device_pages=memory[0] if memory else None, host_pages=memory[1] if memory else None,
                    lookups=lookups.lookups if lookups else None,
                    lookup_tokens=lookups.lookup_tokens if lookups else None,
@@ -53,3 +56,13 @@ class QuotaUpdate(RequestBody):
     quota_bytes: int | None = Field(ge=0, le=2**62, description="stored bytes the namespace may use; null removes "
                                                                 "the quota. Applies at its next put, which evicts "
                                                                 "within the namespace to fit")
+
+
+class NamespaceDeleted(BaseModel):
+    namespace: str
+    memory_pages: int = Field(description="pages removed from the device and host tiers (a live cache)")
+    memory_pages_left: int = Field(description="pages left in memory: requests in progress lock them")
+    num_chunks: int = Field(description="chunks deleted from the disk tier, pinned ones included")
+    stored_bytes: int = Field(description="their stored bytes")
+    key_destroyed: bool | None = Field(description="with shred: whether the namespace's key was destroyed (false: it "
+                                                   "had none); null without shred")

@@ -169,6 +169,10 @@ class DiskPublic(BaseModel):
     dedup_hits: int
     evictions: int
     quarantined: int
+    sealed: bool = Field(False, description="a sealed store: every chunk encrypted and authenticated, named by keyed "
+                                            "hashes")
+    auth_failures: int = Field(0, description="a sealed store's chunks that failed authentication (forged, damaged, "
+                                              "moved or replayed): security events, never served, kept in the index")
     write_errors: int | None = Field(None, description="failed page writes, kept in the index across restarts; "
                                                       "store-wide only")
     write_health: WriteHealthPublic | None = Field(None, description="store-wide only")
@@ -181,7 +185,7 @@ class DiskPublic(BaseModel):
         return cls(num_chunks=s.num_chunks, raw_bytes=s.raw_bytes, stored_bytes=s.stored_bytes,
                    capacity_bytes=s.capacity_bytes, compression_ratio=s.compression_ratio, hits=s.hits,
                    misses=s.misses, dedup_hits=s.dedup_hits, evictions=s.evictions, quarantined=s.quarantined,
-                   write_errors=s.write_errors, write_health=WriteHealthPublic.of(s.write_health),
+                   sealed=s.sealed, auth_failures=s.auth_failures, write_errors=s.write_errors, write_health=WriteHealthPublic.of(s.write_health),
                    shared_tier=SharedTierPublic.of(s.shared) if s.shared is not None else None,
                    read_only=read_only)
 
@@ -191,7 +195,7 @@ class DiskPublic(BaseModel):
                    capacity_bytes=n.quota_bytes,
                    compression_ratio=n.raw_bytes / n.stored_bytes if n.stored_bytes else 1.0, hits=n.hits,
                    misses=n.misses, dedup_hits=n.dedup_hits, evictions=n.evictions, quarantined=n.quarantined,
-                   read_only=read_only)
+                   auth_failures=n.auth_failures, read_only=read_only)
 
 
 class ServingPublic(BaseModel):

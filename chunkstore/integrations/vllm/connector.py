@@ -179,7 +179,7 @@ class ChunkstoreConnector(KVConnectorBase_V1):
             if store is None:
                 return 0  # that rank has not made its store yet
             identity = identity_for(self._vllm_config, tp_rank=rank)
-            hits.append(store.longest_prefix([p.key for p in chain_pages(identity, tokens, namespace)]))
+            hits.append(store.longest_prefix([p.key for p in chain_pages(identity, tokens, namespace)], namespace))
         return min(hits)
 
     def _reader(self, rank: int) -> ChunkStore | None:

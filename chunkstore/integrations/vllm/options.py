@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chunkstore.disk import DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, Codec, Durability, ModelIdentity
+from chunkstore.disk import DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, Codec, Durability, KeyProvider, ModelIdentity
 from chunkstore.integrations.settings import STORE_KEYS, check_keys, extra_dict, store_fields
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import PoolSize
@@ -46,6 +46,7 @@ class ConnectorSettings:
     index_url: str | None = None  # a shared tier's index (PostgreSQL); None: index.db in the store's folder
     object_store: str | None = None  # a shared tier's bucket (s3://bucket/prefix); None: the folder tree
     local_cache_bytes: int = DEFAULT_LOCAL_COPY_BYTES  # with object_store: the local copy of what was read
+    seal_key: KeyProvider | None = None  # a sealed store's master key (None: $CHUNKSTORE_SEAL_KEY_FILE's, or unsealed)
     device_size: str | None = None  # a PoolSize: bytes or pages
     host_size: str | None = None
     async_load: bool = True

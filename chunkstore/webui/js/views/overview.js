@@ -122,8 +122,12 @@ export function createOverview(section, ctx) {
     sharedTier.render(st);
     const d = st.disk;
     showDiskHealth(diskHealth, writeWarning, d ? d.write_health : null);
-    warning.hidden = !(d && d.quarantined > 0);
-    if (d && d.quarantined > 0) {
+    warning.hidden = !(d && (d.quarantined > 0 || d.auth_failures > 0));
+    if (d && d.auth_failures > 0) {
+      fill(warning, h("strong", {}, "Security: "), `${num(d.auth_failures)} sealed chunk(s) failed authentication `,
+        "(forged, damaged or moved) and were not served; they are quarantined. Someone with access to the bucket or ",
+        "the data folder may have written them: see the server's log (chunkstore.security).");
+    } else if (d && d.quarantined > 0) {
       fill(warning, h("strong", {}, "Warning: "), `${num(d.quarantined)} chunk file(s) failed verification and were `,
         "quarantined. Run a verify job (Controls) and look at the quarantine folder of the store.");
     }
@@ -142,6 +146,7 @@ export function createOverview(section, ctx) {
       ["Disk raw / stored", `${bytes(d.raw_bytes)} / ${bytes(d.stored_bytes)}`],
       ["Disk hits / misses", `${num(d.hits)} / ${num(d.misses)}`], ["Dedup hits", num(d.dedup_hits)],
       ["Quarantined chunks", num(d.quarantined)], ["Write errors", num(d.write_errors)],
+      ["Sealed", d.sealed ? "yes" : "no"], ["Authentication failures", num(d.auth_failures)],
       ["Failed writes since opened", d.write_health ? num(d.write_health.failures) : "—"],
       ["Disk read-only", d.read_only ? "yes" : "no"]);
     fill(figures, h("h3", {class: "section-title"}, "Figures"), dl(pairs, {class: "kpis", id: "overview-figures"}));
