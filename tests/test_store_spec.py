@@ -71,7 +71,7 @@ def test_an_engine_rank_that_reads_opens_only_where_the_store_is(tmp_path):
 
     settings = SimpleNamespace(disk_path=tmp_path, index_url=None, object_store="s3://bucket/prefix",
                                local_cache_bytes=10**9, disk_size_bytes=10**9, compression=Codec.NONE,
-                               durability=Durability.NONE, background_priority=ThreadPriority.LOW)
+                               durability=Durability.NONE, background_priority=ThreadPriority.LOW, seal_key=None)
     writer = store_spec(settings, TINY)
     assert writer.keeps_local_copy and writer.capacity_bytes == 10**9 and writer.codec is Codec.NONE
     reader = store_spec(settings, TINY, read_only=True)

@@ -1,5 +1,7 @@
 """``chunkstore bench store``: ChunkStore save/load throughput against plain file I/O of the same
-bytes, compression against the order-0 entropy bound, and exists() latency on a 1M-row index.
+bytes, compression against the order-0 entropy bound, and exists() latency on a 1M-row index; with
+``--seal-key``, a sealed store beside the unsealed one in the same run, and the cipher's own rate
+on the same bytes.
 
 Invariants: every throughput counts logical (uncompressed) bytes in decimal GB/s; loads read cold
 files (``cold_method`` says how, or that they could not be made cold); the store and the raw
@@ -54,6 +56,7 @@ from chunkstore.disk.identity import DTYPE_ITEMSIZE, ModelIdentity
 from chunkstore.disk.index import ChunkRow
 from chunkstore.disk.keys import DEFAULT_NAMESPACE, KEY_SIZE_BYTES, PageRef, chain_pages
 from chunkstore.disk.page_io import TORCH_DTYPES, page_tensor_bytes
+from chunkstore.disk.seal_keys import FileKeyProvider
 from chunkstore.disk.store import ChunkStore, default_num_workers
 from chunkstore.output import add_output_arguments
 from chunkstore.testing.tensors import same_bytes
@@ -86,6 +89,7 @@ class StoreBenchConfig:
     codec: Codec | None = None  # None: the store's default for the dtype
     keep_dir: Path | None = None
     show_progress: bool = True
+    seal_key: Path | None = None  # a key file: also time a sealed store, side by side with the unsealed one
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_source, str):
@@ -238,15 +242,20 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
     load_average = os.getloadavg()[0]  # other work on a shared machine skews every figure
 
     store = ChunkStore(store_dir, identity, codec=cfg.codec, num_workers=workers)
+    sealed = None if cfg.seal_key is None else ChunkStore(work / "sealed-store", identity, codec=cfg.codec,
+                                                          num_workers=workers, seal_key=FileKeyProvider(cfg.seal_key))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bench-raw")
     # Plain reads get as many threads as the store reads with (its I/O threads), for fairness.
     read_threads = store.io_threads
     reader_pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bench-raw-read")
     try:
-        def put(b: range) -> None:
-            result = store.put([refs[i] for i in b], [pages[i] for i in b])
+        def put_into(target: ChunkStore, b: range) -> None:
+            result = target.put([refs[i] for i in b], [pages[i] for i in b])
             if not result.ok or len(result.stored) != len(b):
                 raise RuntimeError(f"the store did not write every page: {result.failed or result.deduplicated}")
+
+        def put(b: range) -> None:
+            put_into(store, b)
 
         def write_pool(b: range) -> None:
             list(pool.map(lambda i: raw_write(raw_path["raw"][i], page_bytes[i]), b))
@@ -256,22 +265,29 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
                 raw_write(raw_path["raw_1stream"][i], page_bytes[i])
 
         write_steps = [("store", put), ("raw", write_pool), ("raw_1stream", write_1stream)]
+        if sealed is not None:
+            write_steps.append(("sealed", lambda b: put_into(sealed, b)))
         with _progress(cfg, n, "write", "page") as bar:
             for k, b in enumerate(batches):
                 for name, step in _rotated(write_steps, k):
                     writes.timed(name, lambda: step(b))
                 bar.update(len(b))
         stats = store.stats()
+        sealed_stats = sealed.stats() if sealed is not None else None
+        aead = _aead_rates(store_dir) if sealed is not None else {}
 
         # Loads go into one preallocated batch of destinations, touched first so page faults
         # are not timed; each phase is verified (untimed) before the next overwrites it.
         dest = torch.zeros((cfg.batch_pages, *identity.page_shape), dtype=pages.dtype)
         dest_bytes = [page_tensor_bytes(d) for d in dest]
 
-        def get(b: range) -> None:
-            hits = store.get_into([refs[i] for i in b], list(dest[: len(b)]))
+        def get_from(source: ChunkStore, b: range) -> None:
+            hits = source.get_into([refs[i] for i in b], list(dest[: len(b)]))
             if not all(hits):
                 raise RuntimeError(f"the store missed {hits.count(False)} of {len(b)} pages it holds")
+
+        def get(b: range) -> None:
+            get_from(store, b)
 
         def read_pool(b: range) -> None:
             list(reader_pool.map(lambda j: raw_read_into(raw_path["raw"][b[j]], dest_bytes[j]), range(len(b))))
@@ -284,8 +300,11 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
             list(reader_pool.map(lambda j: raw_read_direct_into(raw_path["raw"][b[j]], dest_bytes[j]),
                                  range(len(b))))
 
-        cold_method = make_cold([*files_under(store_dir), *raw_path["raw"], *raw_path["raw_1stream"]])
+        sealed_files = files_under(work / "sealed-store") if sealed is not None else []
+        cold_method = make_cold([*files_under(store_dir), *sealed_files, *raw_path["raw"], *raw_path["raw_1stream"]])
         read_steps = [("store", get), ("raw", read_pool), ("raw_1stream", read_1stream)]
+        if sealed is not None:
+            read_steps.append(("sealed", lambda b: get_from(sealed, b)))
         if hasattr(os, "O_DIRECT"):  # O_DIRECT reads the disk whatever the page cache holds
             read_steps.append(("raw_direct", read_direct))
         with _progress(cfg, n, "read", "page") as bar:
@@ -300,6 +319,8 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         pool.shutdown(wait=True)
         reader_pool.shutdown(wait=True)
         store.close()
+        if sealed is not None:
+            sealed.close()
         for d in raw_dirs.values():
             shutil.rmtree(d, ignore_errors=True)
 
@@ -324,6 +345,53 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         "raw_bytes": stats.raw_bytes,
         "stored_bytes": stats.stored_bytes,
         "compression_ratio": stats.compression_ratio,
+        **(_sealed_figures(writes, reads, logical, sealed_stats.stored_bytes, aead) if sealed is not None else {}),
+    }
+
+
+def _aead_rates(store_dir: Path, max_bytes: int = 256 * MIB) -> dict:
+    """AES-256-GCM alone on the unsealed store's chunk files (the compressed bytes a sealed store
+    seals), one thread, in process CPU: ``seal_aead_gbps_per_core`` (encrypt into a buffer made
+    once) and ``open_aead_gbps_per_core`` (decrypt likewise)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    chunks, total = [], 0
+    for path in sorted(files_under(store_dir)):
+        if path.suffix == ".kv" and total < max_bytes:
+            chunks.append(path.read_bytes())
+            total += len(chunks[-1])
+    cipher, nonce, aad = AESGCM(os.urandom(32)), os.urandom(12), os.urandom(110)
+    sealed = [bytearray(len(c) + 16) for c in chunks]
+    opened = [bytearray(len(c)) for c in chunks]
+    c0 = time.process_time()
+    for c, out in zip(chunks, sealed):
+        cipher.encrypt_into(nonce, c, aad, out)
+    c1 = time.process_time()
+    for c, out in zip(sealed, opened):
+        cipher.decrypt_into(nonce, c, aad, out)
+    c2 = time.process_time()
+    return {"seal_aead_gbps_per_core": total / max(c1 - c0, 1e-9) / GB,
+            "open_aead_gbps_per_core": total / max(c2 - c1, 1e-9) / GB, "aead_sample_bytes": total}
+
+
+def _sealed_figures(writes: _Timers, reads: _Timers, logical: int, sealed_bytes: int, aead: dict) -> dict:
+    """The sealed store's figures, and what sealing costs beyond the unsealed store in CPU per
+    logical GB, against what the cipher alone costs on the bytes sealed."""
+    cipher_save = sealed_bytes / logical / aead["seal_aead_gbps_per_core"]  # CPU s per logical GB
+    cipher_load = sealed_bytes / logical / aead["open_aead_gbps_per_core"]
+    extra_save = writes.cpu_s_per_gb("sealed", logical) - writes.cpu_s_per_gb("store", logical)
+    extra_load = reads.cpu_s_per_gb("sealed", logical) - reads.cpu_s_per_gb("store", logical)
+    return {
+        "sealed_save_gbps": writes.gbps("sealed", logical),
+        "sealed_load_gbps": reads.gbps("sealed", logical),
+        "sealed_save_cpu_s_per_gb": writes.cpu_s_per_gb("sealed", logical),
+        "sealed_load_cpu_s_per_gb": reads.cpu_s_per_gb("sealed", logical),
+        "sealed_bytes": sealed_bytes,
+        **aead,
+        "seal_cipher_cpu_s_per_gb": cipher_save,
+        "open_cipher_cpu_s_per_gb": cipher_load,
+        "seal_extra_cpu_s_per_gb": extra_save,
+        "open_extra_cpu_s_per_gb": extra_load,
     }
 
 
@@ -478,6 +546,19 @@ def run_store_bench(cfg: StoreBenchConfig) -> dict:
         Target("ratio_vs_bound", result["ratio_vs_bound"], ">=", 0.97),
         Target("exists_128_ms", result["exists_128_ms"], "<=", 2.0),
     ]
+    if cfg.seal_key is not None:
+        result.update(
+            sealed_save_vs_unsealed=io["sealed_save_gbps"] / io["save_gbps"],
+            sealed_load_vs_unsealed=io["sealed_load_gbps"] / io["load_gbps"],
+            seal_extra_vs_cipher=io["seal_extra_cpu_s_per_gb"] / io["seal_cipher_cpu_s_per_gb"],
+            open_extra_vs_cipher=io["open_extra_cpu_s_per_gb"] / io["open_cipher_cpu_s_per_gb"],
+        )
+        targets += [
+            Target("sealed_save_vs_unsealed", result["sealed_save_vs_unsealed"], ">=", 0.75),
+            Target("sealed_load_vs_unsealed", result["sealed_load_vs_unsealed"], ">=", 0.75),
+            Target("seal_extra_vs_cipher", result["seal_extra_vs_cipher"], "<=", 1.2),
+            Target("open_extra_vs_cipher", result["open_extra_vs_cipher"], "<=", 1.2),
+        ]
     record_targets(result, targets)
     return result
 
@@ -513,6 +594,24 @@ def format_table(r: dict) -> str:
         ("open + first lookup s", f"{r['open_first_lookup_s']:.3f}", "", ""),
         ("RSS growth MiB", f"{r['rss_growth_mb']:.1f}", "", ""),
     ]
+    if "sealed_save_gbps" in r:
+        rows += [
+            ("sealed save GB/s", f"{r['sealed_save_gbps']:.2f}", "", ""),
+            ("sealed save / unsealed save", f"{r['sealed_save_vs_unsealed']:.2f}", *verdict("sealed_save_vs_unsealed")),
+            ("sealed load GB/s", f"{r['sealed_load_gbps']:.2f}", "", ""),
+            ("sealed load / unsealed load", f"{r['sealed_load_vs_unsealed']:.2f}", *verdict("sealed_load_vs_unsealed")),
+            ("CPU s/GB: sealed save / sealed load",
+             f"{r['sealed_save_cpu_s_per_gb']:.2f} / {r['sealed_load_cpu_s_per_gb']:.2f}", "", ""),
+            ("AES-256-GCM GB/s per core: seal / open",
+             f"{r['seal_aead_gbps_per_core']:.2f} / {r['open_aead_gbps_per_core']:.2f}", "", ""),
+            ("sealed bytes / raw bytes", f"{r['sealed_bytes'] / r['raw_bytes']:.3f}", "", ""),
+            ("extra CPU s/GB of sealing: save / load",
+             f"{r['seal_extra_cpu_s_per_gb']:.3f} / {r['open_extra_cpu_s_per_gb']:.3f}", "", ""),
+            ("the cipher's CPU s/GB on those bytes: seal / open",
+             f"{r['seal_cipher_cpu_s_per_gb']:.3f} / {r['open_cipher_cpu_s_per_gb']:.3f}", "", ""),
+            ("extra / cipher, save", f"{r['seal_extra_vs_cipher']:.2f}", *verdict("seal_extra_vs_cipher")),
+            ("extra / cipher, load", f"{r['open_extra_vs_cipher']:.2f}", *verdict("open_extra_vs_cipher")),
+        ]
     shape = "x".join(str(d) for d in r["page_shape"])
     head = (f"chunkstore bench store: {r['num_pages']} pages of {shape} {r['dtype']} "
             f"({r['page_size_bytes'] / MIB:.2f} MiB each, {r['num_pages'] * r['page_size_bytes'] / MIB:.0f} MiB), "
@@ -558,6 +657,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index-rows", type=int, default=d.index_rows,
                         help=f"rows in the index that exists() is timed on (default {d.index_rows:,})")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"seed of the synthetic KV (default {d.seed})")
+    parser.add_argument("--seal-key", metavar="PATH", type=Path, default=None,
+                        help="a key file (chunkstore keys new): also time a sealed store beside the unsealed one, "
+                             "and AES-256-GCM alone on the same bytes")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
 
@@ -568,7 +670,7 @@ def config_from_args(args: argparse.Namespace) -> StoreBenchConfig:
         size_mb=args.size_mb, num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
         page_size=args.page_size, dtype=args.dtype, kv_source=args.kv_source, num_workers=args.workers,
         batch_pages=args.batch_pages, index_rows=args.index_rows, seed=args.seed, codec=args.codec,
-        keep_dir=args.keep, show_progress=not args.no_progress,
+        keep_dir=args.keep, show_progress=not args.no_progress, seal_key=args.seal_key,
     )
 
 

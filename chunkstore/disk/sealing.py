@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from chunkstore.disk.codec import CorruptChunkError
@@ -80,8 +81,9 @@ class NamespaceKeys:
         """The stored name of a page whose public chain key is ``key`` (docs/KEYS.md)."""
         return hashlib.blake2b(key, digest_size=KEY_SIZE_BYTES, key=self.naming_key, person=_NAME_PERSON).digest()
 
-    def _cipher(self, salt: bytes) -> AESGCM:
-        return AESGCM(hashlib.blake2b(salt, digest_size=32, key=self.data_key, person=_CHUNK_PERSON).digest())
+    def chunk_key(self, salt: bytes) -> bytes:
+        """The AES-256 key of the chunk whose salt is ``salt``."""
+        return hashlib.blake2b(salt, digest_size=32, key=self.data_key, person=_CHUNK_PERSON).digest()
 
 
 def _wrap_aad(master_key_id: str, key_id: bytes, namespace: str) -> bytes:
@@ -125,15 +127,24 @@ def sealed_key_id(data: bytes | memoryview) -> bytes:
 
 
 def seal(keys: NamespaceKeys, name: bytes, binding: bytes, segments: Sequence[bytes | memoryview]
-         ) -> tuple[list[bytes | bytearray], int]:
+         ) -> tuple[list[bytes | memoryview], int]:
     """The sealed payload of the chunk file ``segments`` stored under ``name``: its segments and
-    size in bytes."""
+    size in bytes. The segments are encrypted one after the other into one buffer (GCM's
+    streaming interface), never joined first: a join copied every compressed byte once more, and
+    cost (measured here) a third of the cipher's own time."""
     salt, nonce = os.urandom(SALT_BYTES), os.urandom(NONCE_BYTES)
     head = _PREAMBLE.pack(SEAL_MAGIC, SEAL_VERSION, keys.key_id, salt, nonce)
-    plain = segments[0] if len(segments) == 1 else b"".join(segments)
-    body = bytearray(len(plain) + TAG_BYTES)
-    keys._cipher(salt).encrypt_into(nonce, plain, head + name + binding, body)
-    return [head, body], len(head) + len(body)
+    size = sum(len(memoryview(s).cast("B")) for s in segments)
+    body = bytearray(size + TAG_BYTES + 15)  # update_into wants a block's slack after what it writes
+    out = memoryview(body)
+    encryptor = Cipher(algorithms.AES(keys.chunk_key(salt)), modes.GCM(nonce)).encryptor()
+    encryptor.authenticate_additional_data(head + name + binding)
+    pos = 0
+    for segment in segments:
+        pos += encryptor.update_into(segment, out[pos:])  # GCM is a stream mode: all of it, at once
+    encryptor.finalize()
+    out[pos:pos + TAG_BYTES] = encryptor.tag
+    return [head, out[:pos + TAG_BYTES]], len(head) + pos + TAG_BYTES
 
 
 _scratch = threading.local()
@@ -152,8 +163,8 @@ def open_sealed(keys: NamespaceKeys, name: bytes, binding: bytes, data: bytes | 
         buf = _scratch.buf = bytearray(max(size, 1 << 16))
     out = memoryview(buf)[:size]
     try:
-        keys._cipher(salt).decrypt_into(nonce, data[PREAMBLE_BYTES:], bytes(data[:PREAMBLE_BYTES]) + name + binding,
-                                        out)
+        AESGCM(keys.chunk_key(salt)).decrypt_into(nonce, data[PREAMBLE_BYTES:],
+                                                  bytes(data[:PREAMBLE_BYTES]) + name + binding, out)
     except InvalidTag:
         raise AuthenticationError("the sealed chunk does not authenticate (forged, damaged, or moved from "
                                   "another name, namespace or store)") from None

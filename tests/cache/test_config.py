@@ -95,14 +95,15 @@ def test_every_flag_parses():
         "--prefetch-hold-s", "12", "--compression", "zstd", "--disk-load-host-share", "0.25",
         "--eviction-policy", "lfu", "--background-priority", "low",
         "--index-url", "postgresql+psycopg://kv@db.internal/chunks", "--object-store", "s3://kv-cache/llama",
-        "--local-cache-size", "50GB",
+        "--local-cache-size", "50GB", "--seal-key", "/etc/chunkstore/seal.key",
     )
     c = CacheConfig.from_cli_args(args)
     assert c.model_dump() == {
         "page_size": 16, "device_size": "2GB", "host_ratio": 3.0, "host_size": "8GB", "use_disk": False,
         "disk_path": Path("/data/kv"), "disk_ratio": 4.0, "disk_size": 100.0,
         "index_url": "postgresql+psycopg://kv@db.internal/chunks", "object_store": "s3://kv-cache/llama",
-        "local_cache_size": 50.0, "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
+        "local_cache_size": 50.0, "seal_key_file": Path("/etc/chunkstore/seal.key"),
+        "write_policy": WritePolicy.WRITE_THROUGH_SELECTIVE, "write_through_threshold": 5,
         "prefetch_policy": PrefetchPolicy.TIMEOUT, "prefetch_timeout_s": 0.5, "prefetch_host_share": 0.75,
         "prefetch_hold_s": 12.0, "compression": Compression.ZSTD, "disk_load_host_share": 0.25, "eviction_policy": EvictionPolicy.LFU,
         "background_priority": ThreadPriority.LOW,

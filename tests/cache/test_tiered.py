@@ -914,7 +914,7 @@ def test_a_failing_disk_lookup_leaves_no_lock_behind(tmp_path):
     with open_cache(make_config(tmp_path)) as cache:
         serve(cache, toks(1, 2))
 
-        def failing(keys):  # a fault injected into the real store: its index cannot be read
+        def failing(keys, namespace=None):  # a fault injected into the real store: its index cannot be read
             raise OSError("the index is unreadable")
 
         cache.store.longest_prefix = failing

@@ -191,6 +191,32 @@ def test_a_corrupt_chunk_is_a_miss_for_it_and_its_suffix(make, layout):
     assert H.prefetch(h, tokens)[0] == 2 * PAGE_SIZE  # quarantined: now a miss at exists already
 
 
+def test_a_sealed_store_hits_after_a_restart_and_a_forged_chunk_is_a_miss_for_it_and_its_suffix(make, data,
+                                                                                                  tmp_path):
+    from chunkstore.disk import write_key_file
+
+    write_key_file(tmp_path / "seal.key")
+    config = extra_config(data, seal_key=str(tmp_path / "seal.key"))
+    h1 = make(config=config)
+    tokens, pages = written(h1)
+    assert h1.storage_backend.store.is_sealed
+    h1.close()
+    h = make(config=config)  # a restart: warm from the sealed store
+    fetched, idx = H.prefetch(h, tokens)
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, idx, pages)
+    backend = h.storage_backend
+    stored = backend.store.sealing.stored_pages(backend._pages(H.page_hashes(h, tokens)))
+    third, fourth = (backend.store.payloads.path_for(p.key) for p in stored[2:4])
+    third.write_bytes(fourth.read_bytes())  # another page's sealed body under the third's name
+    h.close()
+    h = make(config=config)
+    fetched, idx = H.prefetch(h, tokens)
+    assert fetched == 2 * PAGE_SIZE  # the pages before it; nothing of it or after it
+    assert_pages(h, idx, pages[:2])
+    assert h.storage_backend.store.stats().auth_failures == 1
+
+
 def test_the_store_holds_sglangs_identity_and_the_cli_reads_it_while_sglang_writes(make, data):
     h = make(model_name="Qwen/Qwen3-8B")
     written(h)

@@ -166,6 +166,34 @@ def test_a_corrupt_chunk_is_recomputed_reported_and_saved_again(model, tmp_path,
 
 
 @needs_engine
+def test_a_sealed_store_hits_survives_a_restart_and_recomputes_a_forged_chunk(model, tmp_path):
+    """``seal_key`` in the extra config: the blocks on disk are sealed (no prompt in any file), a new
+    process with the key is warm from disk, and a chunk forged without the key (one block's file
+    replaced by another's body) is recomputed, quarantined and counted, never served."""
+    from chunkstore.disk import FileKeyProvider, write_key_file
+
+    data = tmp_path / "kv"
+    key = write_key_file(tmp_path / "seal.key")
+    sealed = {"seal_key": str(tmp_path / "seal.key")}
+    (first, _), _ = run(model, data, [{"generate": [PROMPT]}, {"wait_chunks": 3}], tmp_path, extra=sealed)
+    files = sorted(data.glob("chunks/*/*/*.kv"))
+    assert len(files) == 3
+    needle = b"".join(t.to_bytes(4, "little") for t in PROMPT[:8])
+    assert not any(needle in f.read_bytes() for f in files)
+    (warm,), _ = run(model, data, [{"generate": [PROMPT]}], tmp_path, extra=sealed)
+    assert warm["tiers"].get("disk") == 3 * BLOCK and warm["outputs"][0]["tokens"] == first["outputs"][0]["tokens"]
+    files[0].write_bytes(files[1].read_bytes())  # a body moved under another name
+    (damaged,), stderr = run(model, data, [{"generate": [PROMPT]}], tmp_path, extra=sealed)
+    assert damaged["outputs"][0]["tokens"] == first["outputs"][0]["tokens"]  # recomputed
+    assert "failed authentication" in stderr
+    with ChunkStore(data, read_identity(data), read_only=True,
+                    seal_key=FileKeyProvider(tmp_path / "seal.key")) as store:
+        assert store.stats().auth_failures == 1 and store.sealing.master_key_id == key.key_id
+    with pytest.raises(AssertionError, match=f"is sealed \\(master key id {key.key_id}\\)"):
+        run(model, data, [{"generate": [PROMPT]}], tmp_path)  # without the key: refused, the key named
+
+
+@needs_engine
 def test_an_mla_model_round_trips_through_memory_and_disk(mla_model, tmp_path):
     """DeepSeek-V2's latent KV (vLLM's CPU MLA backend: blocks of 16, rows of 576)."""
     data = tmp_path / "kv"

@@ -17,14 +17,23 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+import torch  # noqa: E402
+
+# vLLM's CPU attention picks its AMX kernel for bf16 in blocks of 32 wherever the CPU lists AMX. On a
+# machine of this project's (a VM listing amx_tile and amx_bf16) that kernel dies with SIGILL on
+# the first prefill that has a cached prefix, with or without chunkstore (vLLM 0.32.0's CPU build).
+# These tests check the connector, not vLLM's kernel choice: they run its AVX-512 kernel.
+torch.cpu._is_amx_tile_supported = lambda: False
+
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from chunkstore.disk import StoreSpec, open_store  # noqa: E402
+from chunkstore.disk import FileKeyProvider, StoreSpec, open_store  # noqa: E402
 from chunkstore.disk.store_folder import read_identity  # noqa: E402
 from chunkstore.integrations.vllm import local_caches  # noqa: E402
 
@@ -44,8 +53,9 @@ def wait_chunks(data: str, count: int, extra: dict) -> int:
         identity = read_identity(data)
         found = 0
         if identity is not None:  # (on a shared tier's index and bucket when the extra config names them)
+            seal_key = FileKeyProvider(Path(extra["seal_key"])) if extra.get("seal_key") else None
             spec = StoreSpec(data, index_url=extra.get("index_url"), object_store=extra.get("object_store"),
-                             read_only=True)
+                             read_only=True, seal_key=seal_key)
             with open_store(spec, identity) as store:
                 found = store.num_chunks()
         if found >= count or time.monotonic() > deadline:
