@@ -43,10 +43,25 @@ def test_a_tiny_fleet_reports_every_configuration_and_figure(tmp_path, capsys, p
     assert "shared tier / one server (hit rate)" in table and "publish / raw PUT" in table
 
 
+def test_a_sealed_tier_is_timed_beside_the_unsealed_one(tmp_path, capsys, postgres_server, moto_s3):
+    from chunkstore.disk import write_key_file
+
+    write_key_file(tmp_path / "seal.key")
+    out = tmp_path / "fleet.json"
+    assert bench.run(parse([*TINY, "--seal-key", str(tmp_path / "seal.key"), "--output", str(out)])) == 0
+    io = json.loads(out.read_text())["io"]
+    for key in ("sealed_publish_mb_s", "sealed_read_mb_s", "sealed_publish_vs_unsealed", "sealed_read_vs_unsealed"):
+        assert math.isfinite(io[key]) and io[key] > 0, key
+    assert len(io["sealed_read_vs_unsealed_rounds"]) == bench.IO_ROUNDS
+    assert "sealed publish / unsealed publish" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, why", [
     (["--servers", "1"], "at least 2"),
     (["--index-url", "postgresql+psycopg://x@127.0.0.1/db"], "both --index-url and --object-store"),
     (["--device-pages", "8", "--host-pages", "4"], "host-pages"),
+    (["--seal-key", "k", "--index-url", "postgresql+psycopg://x@127.0.0.1/db", "--object-store", "s3://b/p"],
+     "throwaway local services"),
 ])
 def test_bad_options_are_refused(argv, why, capsys):
     assert bench.run(parse(argv)) == 2

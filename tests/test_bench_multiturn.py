@@ -167,6 +167,24 @@ def test_configs_choose_what_runs(tmp_path):
     assert [r["name"] for r in doc["runs"]] == ["device"] and doc["targets"] == {}
 
 
+def test_seal_key_runs_the_disk_configurations_on_a_sealed_store(tmp_path):
+    from chunkstore import ChunkStore
+    from chunkstore.disk import FileKeyProvider, SealKeyError, read_identity, write_key_file
+
+    write_key_file(tmp_path / "seal.key")
+    out, keep = tmp_path / "m.json", tmp_path / "keep"
+    assert bench.run(parse([*TINY, "--num-clients", "2", "--configs", "device+host+disk", "--seal-key",
+                            str(tmp_path / "seal.key"), "--keep", str(keep), "--output", str(out)])) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sealed"] and doc["runs"][0]["hit_rate"] > 0
+    folder = next(p.parent for p in keep.rglob("store.json"))
+    with pytest.raises(SealKeyError):  # what it wrote is sealed
+        ChunkStore(folder, read_identity(folder), read_only=True)
+    with ChunkStore(folder, read_identity(folder), read_only=True,
+                    seal_key=FileKeyProvider(tmp_path / "seal.key")) as store:
+        assert store.is_sealed and store.num_chunks() > 0
+
+
 # ---- --url against a stand-in OpenAI server ----------------------------------------------------------
 
 class _FakeServer(BaseHTTPRequestHandler):

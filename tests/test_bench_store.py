@@ -142,3 +142,22 @@ def test_kv_source_lists_valid_choices():
     assert KVSource.parse("synthetic") is KVSource.SYNTHETIC
     with pytest.raises(ValueError, match="valid values: synthetic"):
         KVSource.parse("model")
+
+
+def test_a_sealed_store_is_timed_beside_the_unsealed_one(tmp_path):
+    """--seal-key: the sealed store's figures, the cipher's own rates on the same bytes and what
+    sealing costs beyond it, every one finite (their values are the benchmark's to report)."""
+    from chunkstore.disk import write_key_file
+
+    write_key_file(tmp_path / "seal.key")
+    out = tmp_path / "result.json"
+    assert bench.run(parse([*TINY, "--seal-key", str(tmp_path / "seal.key"), "--output", str(out)])) == 0
+    r = json.loads(out.read_text())
+    for key in ("sealed_save_gbps", "sealed_load_gbps", "sealed_save_cpu_s_per_gb", "sealed_load_cpu_s_per_gb",
+                "seal_aead_gbps_per_core", "open_aead_gbps_per_core", "seal_cipher_cpu_s_per_gb",
+                "open_cipher_cpu_s_per_gb", "sealed_save_vs_unsealed", "sealed_load_vs_unsealed"):
+        assert math.isfinite(r[key]) and r[key] > 0, key
+    for key in ("seal_extra_cpu_s_per_gb", "open_extra_cpu_s_per_gb", "seal_extra_vs_cipher", "open_extra_vs_cipher"):
+        assert math.isfinite(r[key]), key  # a difference of two measurements: either sign
+    assert r["sealed_bytes"] == r["stored_bytes"] + r["num_pages"] * 62  # the seal's 62 bytes a chunk
+    assert {"sealed_save_vs_unsealed", "seal_extra_vs_cipher"} <= set(r["targets"])

@@ -36,6 +36,7 @@ from chunkstore.output import add_output_arguments
 PROG = "chunkstore bench fleet"
 HIT_RATE_TARGET = 0.95  # the shared fleet's hit rate / one server's
 THROUGHPUT_TARGET = 0.8  # the store's publish and read MB/s / the object store's raw PUT and GET
+SEALED_TARGET = 0.9  # a sealed tier's publish and read MB/s / an unsealed one's (the network dominates)
 CONFIGS = ("one-server", "private-tiers", "shared-tier")
 IO_BATCH_PAGES = 128  # pages per put and per get of the publish and read measurement (the cache reads so),
 # and per batch of the raw requests they are compared with
@@ -57,6 +58,8 @@ class FleetConfig:
     object_store: str | None = None  # None: a throwaway moto S3 server; else from the AWS_* variables
     io_pages: int = 512
     show_progress: bool = True
+    seal_key: Path | None = None  # a key file: publish and read through a sealed tier too, side by side
+
 
     def __post_init__(self) -> None:
         if self.servers < 2:
@@ -68,6 +71,9 @@ class FleetConfig:
             raise ValueError("--host-pages must not be smaller than --device-pages")
         if (self.index_url is None) != (self.object_store is None):
             raise ValueError("give both --index-url and --object-store, or neither (throwaway local services)")
+        if self.seal_key is not None and self.index_url is not None:
+            raise ValueError("--seal-key runs on the throwaway local services (the sealed tier needs an index "
+                             "and a bucket prefix of its own)")
 
 
 # ---- the shared tier's services -------------------------------------------------------------------
@@ -77,6 +83,8 @@ class Services:
     index_url: str
     object_store: str
     description: str
+    sealed_index_url: str | None = None  # with --seal-key: the sealed tier's own index and bucket prefix
+    sealed_object_store: str | None = None
 
 
 @contextlib.contextmanager
@@ -100,8 +108,9 @@ def services(cfg: FleetConfig, work: Path) -> Iterator[Services]:
         saved = {k: os.environ.get(k) for k in s3.aws_env()}
         os.environ.update(s3.aws_env())
         try:
+            sealed = (pg.create_database("fleet_sealed"), "s3://fleet/bench-sealed") if cfg.seal_key else (None, None)
             yield Services(pg.create_database("fleet"), "s3://fleet/bench",
-                           f"a throwaway PostgreSQL server and {s3_name} on 127.0.0.1")
+                           f"a throwaway PostgreSQL server and {s3_name} on 127.0.0.1", *sealed)
         finally:
             for k, v in saved.items():
                 if v is None:
@@ -162,6 +171,7 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
     from chunkstore.disk.codec import Codec
     from chunkstore.disk.keys import chain_pages
     from chunkstore.disk.objects import ObjectPayloads, ObjectStoreConfig
+    from chunkstore.disk.seal_keys import FileKeyProvider
     from chunkstore.disk.store import ChunkStore
 
     identity = loaded.identity(cfg.page_size)
@@ -170,8 +180,13 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
     rounds = [chain_pages(identity, tokens, namespace=f"io-{uuid.uuid4().hex[:8]}") for _ in range(IO_ROUNDS)]
     payloads = ObjectPayloads(ObjectStoreConfig(shared.object_store))
     raw = _RawObjects(shared.object_store, payloads.store_options(), cfg.io_pages)
+    sealed = None
+    if cfg.seal_key is not None:  # the same pages on a sealed tier, timed in the same rounds
+        sealed = ChunkStore(work / "io-sealed-store", identity, index_url=shared.sealed_index_url,
+                            payloads=ObjectPayloads(ObjectStoreConfig(shared.sealed_object_store)), codec=Codec.NONE,
+                            seal_key=FileKeyProvider(cfg.seal_key))
     with ChunkStore(work / "io-store", identity, index_url=shared.index_url, payloads=payloads,
-                    codec=Codec.NONE) as store:
+                    codec=Codec.NONE) as store, sealed if sealed is not None else contextlib.nullcontext():
         generator = torch.Generator().manual_seed(0)
         tensors = [torch.randn(identity.page_shape, generator=generator).to(store.torch_dtype)
                    for _ in range(cfg.io_pages)]
@@ -181,6 +196,9 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
         warm = chain_pages(identity, list(range(IO_WARM_PAGES * cfg.page_size)), namespace=f"warm-{uuid.uuid4().hex[:8]}")
         store.put(warm, tensors[:len(warm)])
         store.get(warm)
+        if sealed is not None:
+            sealed.put(warm, tensors[:len(warm)])
+            sealed.get(warm)
         raw.warm(max(store.num_workers, store.io_threads))
         # The raw requests and the store's alternate, IO_ROUNDS times each, on as many threads as
         # the store's own (its write workers upload, its io threads read), in the same batches of
@@ -190,8 +208,10 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
         # show where a gap comes from: the write-once PUT (If-None-Match: *) that the publish
         # protocol asks for, the object store's own price for it; and all the pages in one stream,
         # with no batch boundaries (no drain of the threads between batches).
-        raw_put_s, put_s, raw_once_s, stream_put_s = [], [], [], []
+        raw_put_s, put_s, raw_once_s, stream_put_s, sealed_put_s = [], [], [], [], []
         for i, pages in enumerate(rounds):
+            if sealed is not None and i % 2:  # the sealed tier first in every other round, last in the rest
+                sealed_put_s.append(_timed_puts(sealed, pages, tensors))
             if i % 2:  # every other round the store goes first (an object store slows as it fills)
                 put_s.append(_timed_puts(store, pages, tensors))
             raw_put_s.append(raw.put(store.num_workers, batch=IO_BATCH_PAGES))
@@ -199,12 +219,18 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
                 put_s.append(_timed_puts(store, pages, tensors))
             raw_once_s.append(raw.put(store.num_workers, write_once=True, batch=IO_BATCH_PAGES))
             stream_put_s.append(raw.put(store.num_workers))
+            if sealed is not None and not i % 2:
+                sealed_put_s.append(_timed_puts(sealed, pages, tensors))
         outs = [torch.empty(identity.page_shape, dtype=tensors[0].dtype) for _ in range(cfg.io_pages)]
-        raw_get_s, get_s, stream_get_s = [], [], []
-        for pages in rounds:
+        raw_get_s, get_s, stream_get_s, sealed_get_s = [], [], [], []
+        for i, pages in enumerate(rounds):
+            if sealed is not None and i % 2:
+                sealed_get_s.append(_timed_gets(sealed, pages, outs))
             raw_get_s.append(raw.get(store.io_threads, batch=IO_BATCH_PAGES))
             get_s.append(_timed_gets(store, pages, outs))
             stream_get_s.append(raw.get(store.io_threads))
+            if sealed is not None and not i % 2:
+                sealed_get_s.append(_timed_gets(sealed, pages, outs))
         rows = store.chunk_rows([p.key for p in rounds[0]])
         stored = sum(r.stored_bytes for r in rows.values())
         chains = [[p.key for p in rounds[0][:n]] for n in (8, 32, 128)]
@@ -235,6 +261,12 @@ def _measure_io(cfg: FleetConfig, loaded, shared: Services, work: Path) -> dict:
         "publish_ms_per_page": t["put"] * 1e3 / n, "raw_put_ms_per_object": t["raw_put"] * 1e3 / n,
         "read_ms_per_page": t["get"] * 1e3 / n, "raw_get_ms_per_object": t["raw_get"] * 1e3 / n,
         "index_lookup_ms_per_request": lookup_s * 1e3,
+        **({"sealed_publish_mb_s": mb / statistics.median(sealed_put_s),
+            "sealed_read_mb_s": mb / statistics.median(sealed_get_s),
+            "sealed_publish_vs_unsealed": vs(put_s, sealed_put_s), "sealed_read_vs_unsealed": vs(get_s, sealed_get_s),
+            "sealed_publish_vs_unsealed_rounds": [u / s for u, s in zip(put_s, sealed_put_s)],
+            "sealed_read_vs_unsealed_rounds": [u / s for u, s in zip(get_s, sealed_get_s)]}
+           if sealed is not None else {}),
     }
 
 
@@ -335,11 +367,17 @@ def run_fleet_bench(cfg: FleetConfig) -> dict:
         "private_vs_one_server": runs["private-tiers"]["hit_rate"] / one if one else None,
         "io": io,
     }
-    record_targets(result, [
+    targets = [
         Target("shared_vs_one_server", result["shared_vs_one_server"] or 0.0, ">=", HIT_RATE_TARGET),
         Target("publish_vs_raw", io["publish_vs_raw"], ">=", THROUGHPUT_TARGET),
         Target("read_vs_raw", io["read_vs_raw"], ">=", THROUGHPUT_TARGET),
-    ])
+    ]
+    if cfg.seal_key is not None:
+        result.update(sealed_publish_vs_unsealed=io["sealed_publish_vs_unsealed"],
+                      sealed_read_vs_unsealed=io["sealed_read_vs_unsealed"])
+        targets += [Target("sealed_publish_vs_unsealed", io["sealed_publish_vs_unsealed"], ">=", SEALED_TARGET),
+                    Target("sealed_read_vs_unsealed", io["sealed_read_vs_unsealed"], ">=", SEALED_TARGET)]
+    record_targets(result, targets)
     return result
 
 
@@ -372,6 +410,13 @@ def format_table(result: dict) -> str:
     rows.append(("threads: upload, read (raw the same)", f"{io['upload_threads']}", f"{io['read_threads']}", ""))
     rows.append(("pages per put and get (raw batches the same)", f"{io['io_batch_pages']}", "", ""))
     rows.append(("index lookup per request (ms)", f"{io['index_lookup_ms_per_request']:.2f}", "", ""))
+    if "sealed_publish_mb_s" in io:
+        rows.append(("sealed tier: publish MB/s, read MB/s", f"{io['sealed_publish_mb_s']:.1f}",
+                     f"{io['sealed_read_mb_s']:.1f}", ""))
+        rows.append(("sealed publish / unsealed publish", f"{io['sealed_publish_vs_unsealed']:.2f}",
+                     *verdict(result, "sealed_publish_vs_unsealed")))
+        rows.append(("sealed read / unsealed read", f"{io['sealed_read_vs_unsealed']:.2f}",
+                     *verdict(result, "sealed_read_vs_unsealed")))
     return "\n".join([result["setting"], "", *table_lines(rows, target_width=9), "", verdict_line(result)])
 
 
@@ -403,6 +448,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--object-store", default=None, metavar="URL",
                         help="the shared tier's bucket, s3://BUCKET/PREFIX, reached through the AWS_* variables "
                              "(default: a throwaway radosgw where Ceph is installed, else moto)")
+    parser.add_argument("--seal-key", metavar="PATH", type=Path, default=None,
+                        help="a key file (chunkstore keys new): also publish and read the same pages through a "
+                             "sealed tier (its own index and bucket prefix), round by round with the unsealed one")
     add_output_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -413,7 +461,8 @@ def config_from_args(args: argparse.Namespace) -> FleetConfig:
                         output_length=args.output_length, max_parallel=4, request_rate=args.request_rate)
     return FleetConfig(workload=workload, servers=args.servers, preset=args.preset, page_size=args.page_size,
                        device_pages=args.device_pages, host_pages=args.host_pages, index_url=args.index_url,
-                       object_store=args.object_store, io_pages=args.io_pages, show_progress=not args.no_progress)
+                       object_store=args.object_store, io_pages=args.io_pages, show_progress=not args.no_progress,
+                       seal_key=args.seal_key)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -107,6 +107,7 @@ class MultiturnConfig:
     namespace: str | None = None  # --url: None draws a fresh one, so earlier runs do not hit
     keep: Path | None = None
     show_progress: bool = True
+    seal_key: Path | None = None  # a key file: the disk configurations run on a sealed store
     page_size_given: bool = field(init=False, default=False)  # --url: a given size must be the server's
 
     def __post_init__(self) -> None:
@@ -192,15 +193,18 @@ class Budgets:
             raise ValueError(f"the host pool ({host} pages) is smaller than the device pool ({device} pages)")
         return cls(device, host, total, device_size is None and host_size is None)
 
-    def cache_config(self, setup: Setup, page_size: int, disk_path: Path, disk_size_gb: float | None) -> CacheConfig:
-        """The cache settings of ``setup``; unset ones follow CHUNKSTORE_* variables (docs/CONFIG.md)."""
+    def cache_config(self, setup: Setup, page_size: int, disk_path: Path, disk_size_gb: float | None,
+                     seal_key: Path | None = None) -> CacheConfig:
+        """The cache settings of ``setup`` (a disk tier sealed by ``seal_key`` when given); unset
+        ones follow CHUNKSTORE_* variables (docs/CONFIG.md)."""
         common = {"page_size": page_size, "device_size": f"{self.device_pages}pages", "disk_path": disk_path}
         if setup in (Setup.NO_CACHE, Setup.DEVICE):
             return CacheConfig(**common, host_size=f"{self.device_pages}pages", use_disk=False,
                                write_policy="write_through_selective", write_through_threshold=_UNREACHABLE_HITS)
         uses_disk = setup in (Setup.DEVICE_HOST_DISK, Setup.DISK_RESTART)
+        sealed = {"seal_key_file": seal_key} if uses_disk and seal_key is not None else {}
         return CacheConfig(**common, host_size=f"{self.host_pages}pages", use_disk=uses_disk,
-                           write_policy="write_through", disk_size=disk_size_gb if uses_disk else None)
+                           write_policy="write_through", disk_size=disk_size_gb if uses_disk else None, **sealed)
 
 
 # ---- senders -------------------------------------------------------------------------------------
@@ -289,7 +293,7 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
                        "uses_disk": setup in (Setup.DEVICE_HOST_DISK, Setup.DISK_RESTART)}
         if setup is Setup.DISK_RESTART:
             extra["cold_method"] = make_cold(files_under(store))
-        engine = Engine(loaded, budgets.cache_config(setup, cfg.page_size, store, cfg.disk_size_gb), engine_config)
+        engine = Engine(loaded, budgets.cache_config(setup, cfg.page_size, store, cfg.disk_size_gb, cfg.seal_key), engine_config)
         engine.cache.wait_prefaulted()  # every configuration starts with its pools mapped
         try:
             with _progress(cfg, setup.value) as bar:
@@ -310,8 +314,11 @@ def run_in_process(cfg: MultiturnConfig, work: Path) -> dict:
     memory = f"device {budgets.device_pages} + host {budgets.host_pages} pages = {budgets.memory_share:.2f} of " \
              f"the final histories ({budgets.history_pages} pages{', derived' if budgets.is_derived else ''})"
     disk = f"{cfg.disk_size_gb:g} GB" if cfg.disk_size_gb else "unbounded"
+    if cfg.seal_key is not None:
+        disk += ", sealed"
     return {
         "mode": "in-process",
+        "sealed": cfg.seal_key is not None,
         "model": {"name": cfg.model_name, "model_id": loaded.model_id, "dtype": loaded.dtype_name,
                   "device": str(loaded.device), "page_size_bytes": layout.page_size_bytes,
                   "kv_bytes_per_token": bytes_per_token},
@@ -449,6 +456,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None, help="with --url: bearer token of the server")
     parser.add_argument("--namespace", default=None,
                         help="with --url: the user field sent (default: a fresh one per invocation)")
+    parser.add_argument("--seal-key", type=Path, default=None, metavar="PATH",
+                        help="a key file (chunkstore keys new): the disk configurations run on a sealed store")
     parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
                         help="put the disk tier under DIR (new or empty) and keep it (default: a temporary folder)")
     add_output_arguments(parser)  # --json (print the results as JSON), -o/--output PATH (also write them)
@@ -476,7 +485,8 @@ def config_from_args(args: argparse.Namespace) -> MultiturnConfig:
         workload=workload, preset=args.preset, model_path=args.model, dtype=args.dtype, page_size=args.page_size,
         max_running=args.max_running, torch_threads=args.torch_threads, device_size=args.device_size,
         host_size=args.host_size, disk_size_gb=args.disk_size, setups=Setup.parse_list(args.configs or default), url=args.url,
-        api_key=args.api_key, namespace=args.namespace, keep=args.keep, show_progress=not args.no_progress)
+        api_key=args.api_key, namespace=args.namespace, keep=args.keep, show_progress=not args.no_progress,
+        seal_key=args.seal_key)
 
 
 def run(args: argparse.Namespace) -> int:

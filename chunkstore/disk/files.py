@@ -105,6 +105,29 @@ def _os_write(fd: int, data: memoryview) -> int:
     return os.write(fd, data)  # looked up at each call, so a patched os.write applies too
 
 
+def create_private_file(path: Path, segments, *, fsync: bool = True, write=_os_write) -> None:
+    """Create ``path`` (0600; never an existing file: FileExistsError) holding ``segments``
+    concatenated (each written whole by ``write(fd, view)``, a seam for tests), fsynced when
+    ``fsync``. On any error the file is removed and the error raised: what exists after a return
+    is complete. A write that writes nothing is a full disk (ENOSPC)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    try:
+        for seg in segments:
+            data = memoryview(seg).cast("B")
+            while len(data):
+                n = write(fd, data)
+                if n <= 0:  # a regular file only writes short when the disk is full
+                    raise OSError(errno.ENOSPC, "short write")
+                data = data[n:]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        Path(path).unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
 class _PrivateWalk:
     """One walk of ``ChunkFiles.make_tree_private``: chmods without a stat first (one system call
     per entry; most need the change), and warns once, not once per file, about files it may not
@@ -183,25 +206,8 @@ class ChunkFiles(PayloadStore):
         """Write a complete temp file for ``key``; on any error remove it and re-raise."""
         # Unique per call: two puts of one key must never share (and truncate) a temp file.
         tmp = self.tmp_dir / f"{TMP_PREFIX}{key.hex()}-{os.getpid()}-{next(self._temp_seq)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
-        try:
-            for seg in segments:
-                self._write_all(fd, memoryview(seg).cast("B"))
-            if self.durability is Durability.FSYNC:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
+        create_private_file(tmp, segments, fsync=self.durability is Durability.FSYNC, write=self.os_write)
         return Staged(key, tmp)
-
-    def _write_all(self, fd: int, data: memoryview) -> None:
-        while len(data):
-            n = self.os_write(fd, data)
-            if n <= 0:  # a regular file only writes short when the disk is full
-                raise OSError(errno.ENOSPC, "short write")
-            data = data[n:]
 
     def publish(self, staged: Sequence[Staged], executor: Executor | None = None) -> None:
         """Rename temp files to their chunk paths, then fsync each folder touched once (on

@@ -136,7 +136,8 @@ class PayloadStore(abc.ABC):
     @abc.abstractmethod
     def stage(self, key: bytes, segments: Sequence[bytes | memoryview]) -> Staged:
         """Write the payload of ``key`` (``segments`` concatenated) where no reader looks. Raises
-        OSError when it cannot (ENOSPC for a full disk), leaving nothing staged."""
+        OSError when it cannot (ENOSPC for a full disk), leaving nothing staged. Keeps nothing of
+        ``segments`` once it returns (a sealed store reuses their buffer for its next chunk)."""
 
     @abc.abstractmethod
     def publish(self, staged: Sequence[Staged], executor: Executor | None = None) -> None:

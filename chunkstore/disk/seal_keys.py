@@ -5,7 +5,7 @@ Invariants: a key file holds one random 32-byte secret and the key id derived fr
 its secret (a damaged or hand-edited file); a key's id is public (stores and chunks name it), its
 secret never leaves the process that read it (no message, repr or log shows it). Providers are
 immutable values, so a StoreSpec that holds one stays hashable; a provider reads its key when asked,
-not when made. Imports no layer above the disk tier and nothing but the standard library.
+not when made. Imports no layer above the disk tier.
 """
 
 from __future__ import annotations
@@ -95,21 +95,10 @@ def write_key_file(path: str | os.PathLike, key: MasterKey | None = None) -> Mas
     """Write a new key file at ``path`` (mode 0600; a new random key unless ``key`` is given) and
     return its key. Refuses (FileExistsError) to overwrite anything: a lost key makes every chunk
     it sealed unreadable. The file is fsynced before this returns."""
+    from chunkstore.disk.files import create_private_file
+
     key = key or MasterKey.generate()
-    path = Path(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # whatever the umask
-        data = key_text(key).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
+    create_private_file(Path(path), [key_text(key).encode()])
     return MasterKey(key.secret, str(path))
 
 

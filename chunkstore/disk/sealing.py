@@ -26,6 +26,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -126,17 +127,31 @@ def sealed_key_id(data: bytes | memoryview) -> bytes:
     return key_id
 
 
+_scratch = threading.local()  # .seal: this thread's sealed output; .open: its opened chunk
+
+
+def _buffer(name: str, size: int) -> memoryview:
+    """This thread's buffer ``name`` of at least ``size`` bytes, kept for its next use: a fresh
+    buffer per chunk paid its page faults (and a bytearray its zeroing) on every chunk, which cost
+    about as much as the cipher itself."""
+    buf = getattr(_scratch, name, None)
+    if buf is None or len(buf) < size:
+        buf = np.empty(max(size, 1 << 16), dtype=np.uint8)
+        setattr(_scratch, name, buf)
+    return memoryview(buf)
+
+
 def seal(keys: NamespaceKeys, name: bytes, binding: bytes, segments: Sequence[bytes | memoryview]
          ) -> tuple[list[bytes | memoryview], int]:
     """The sealed payload of the chunk file ``segments`` stored under ``name``: its segments and
-    size in bytes. The segments are encrypted one after the other into one buffer (GCM's
-    streaming interface), never joined first: a join copied every compressed byte once more, and
-    cost (measured here) a third of the cipher's own time."""
+    size in bytes, in this thread's buffer, valid until this thread seals another (a payload
+    store's ``stage`` takes its segments before it returns). The segments are encrypted one after
+    the other (GCM's streaming interface), never joined first: a join copied every compressed byte
+    once more, and cost (measured here) a third of the cipher's own time."""
     salt, nonce = os.urandom(SALT_BYTES), os.urandom(NONCE_BYTES)
     head = _PREAMBLE.pack(SEAL_MAGIC, SEAL_VERSION, keys.key_id, salt, nonce)
     size = sum(len(memoryview(s).cast("B")) for s in segments)
-    body = bytearray(size + TAG_BYTES + 15)  # update_into wants a block's slack after what it writes
-    out = memoryview(body)
+    out = _buffer("seal", size + TAG_BYTES + 15)  # update_into wants a block's slack after what it writes
     encryptor = Cipher(algorithms.AES(keys.chunk_key(salt)), modes.GCM(nonce)).encryptor()
     encryptor.authenticate_additional_data(head + name + binding)
     pos = 0
@@ -147,9 +162,6 @@ def seal(keys: NamespaceKeys, name: bytes, binding: bytes, segments: Sequence[by
     return [head, out[:pos + TAG_BYTES]], len(head) + pos + TAG_BYTES
 
 
-_scratch = threading.local()
-
-
 def open_sealed(keys: NamespaceKeys, name: bytes, binding: bytes, data: bytes | memoryview) -> memoryview:
     """The chunk file inside the sealed payload ``data`` of ``name``, in a per-thread buffer valid
     until this thread opens another. Raises AuthenticationError when it does not open."""
@@ -158,10 +170,7 @@ def open_sealed(keys: NamespaceKeys, name: bytes, binding: bytes, data: bytes | 
         raise AuthenticationError(f"sealed under key id {key_id.hex()}, not namespace {keys.namespace!r}'s")
     _, _, _, salt, nonce = _PREAMBLE.unpack(data[:PREAMBLE_BYTES])
     size = len(data) - SEAL_OVERHEAD_BYTES
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or len(buf) < size:
-        buf = _scratch.buf = bytearray(max(size, 1 << 16))
-    out = memoryview(buf)[:size]
+    out = _buffer("open", size)[:size]
     try:
         AESGCM(keys.chunk_key(salt)).decrypt_into(nonce, data[PREAMBLE_BYTES:],
                                                   bytes(data[:PREAMBLE_BYTES]) + name + binding, out)
