@@ -241,15 +241,13 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     except SealKeyError as exc:
         raise CliError(str(exc)) from None
     with _open_store(args, write=True) as store:
-        old = store.sealing.master_key_id
-        try:
-            n = store.rotate_seal_key(new)
-        except SealKeyError as exc:
-            raise CliError(str(exc)) from None
-    summary = {"from_master_key_id": old, "to_master_key_id": new.key_id, "namespaces": n}
-    _emit(args, summary, lambda s: [f"rewrapped {s['namespaces']} namespace key(s) from master key "
-                                    f"{s['from_master_key_id']} to {s['to_master_key_id']}; no chunk was rewritten. "
-                                    "Restart every server with the new key."])
+        done = store.rotate_seal_key(new)
+    lines = [f"rewrapped {done.namespaces} namespace key(s) from master key {done.from_master_key_id} to "
+             f"{done.to_master_key_id}; no chunk was rewritten. Restart every server with the new key."]
+    if done.unopened:
+        lines.append(f"left as they were: the key rows of {', '.join(map(repr, done.unopened))}, which do not open "
+                     "with the old key (altered or forged; nothing of them can be read)")
+    _emit(args, done, lambda d: lines)
     return 0
 
 

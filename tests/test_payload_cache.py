@@ -205,3 +205,25 @@ def test_the_settings_build_a_local_copy_only_with_a_bucket_and_a_size(tmp_path,
         StoreSpec(tmp_path, local_copy_bytes=-1)
     with pytest.raises(ValueError, match="capacity_bytes"):
         CachedPayloads(with_copy.source, tmp_path / "x", 0)
+
+
+def test_a_forged_copy_with_a_valid_digest_is_dropped_and_the_bucket_read_again(open_store, chain, tmp_path):
+    """Someone who can write the server's folder replaces a sealed chunk's local copy with another
+    page's body and a digest that matches it: the read is a miss and a security event, the good
+    object in the bucket stays, and the copy goes, so the next read is a hit from the bucket."""
+    import xxhash
+
+    from chunkstore.disk import FileKeyProvider, write_key_file
+
+    write_key_file(tmp_path / "seal.key")
+    pages, tensors = chain
+    store = open_store(seal_key=FileKeyProvider(tmp_path / "seal.key"))
+    assert store.put(pages, tensors).ok
+    assert all(t is not None for t in store.get(pages))  # now in the local copy
+    names = [p.key for p in store.sealing.stored_pages(pages)]
+    other = _copy_path(store, names[1]).read_bytes()[:-DIGEST_SIZE_BYTES]
+    _copy_path(store, names[0]).write_bytes(other + xxhash.xxh3_128_digest(other))
+    assert store.get(pages[:1]) == [None]
+    assert store.stats().auth_failures == 1 and store.num_chunks() == len(pages)  # nothing of record dropped
+    assert not _copy_path(store, names[0]).exists()
+    assert same_bytes(store.get(pages[:1])[0], tensors[0])

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sqlite3
 import struct
 
 import pytest
 import torch
 
 from chunkstore import ChunkStore, ModelIdentity, chain_pages
+from chunkstore.disk import keyring as keyring_mod
 from chunkstore.disk import maintenance
 from chunkstore.disk.keyring import SEAL_META
 from chunkstore.disk.seal_keys import (ENV_KEY, EnvKeyProvider, FileKeyProvider, MasterKey, SealKeyError, key_text,
@@ -261,7 +263,8 @@ def test_rotating_the_master_key_rewraps_keys_and_rewrites_no_chunk(tmp_path, se
     store, pages, tensors = sealed
     files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in _files(tmp_path / "store") if p.suffix == ".kv"}
     new = write_key_file(tmp_path / "new.key")
-    assert store.rotate_seal_key(new) == 2
+    done = store.rotate_seal_key(new)
+    assert (done.namespaces, done.unopened, done.to_master_key_id) == (2, (), new.key_id)
     assert all(same_bytes(t, w) for t, w in zip(store.get(pages), tensors))  # this store goes on
     store.close()
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == files
@@ -309,3 +312,73 @@ def test_a_rebuild_keeps_the_keys_and_indexes_what_opens(tmp_path, sealed, key):
         assert again.longest_prefix([p.key for p in pages], namespace="tenant-a") == 6
         assert all(same_bytes(t, w) for t, w in zip(again.get(pages), tensors))
         assert maintenance.verify(again).damage == 0
+
+
+# -- a database writer's key rows -------------------------------------------------------------------
+
+def _index(tmp_path):
+    return sqlite3.connect(tmp_path / "store" / "index.db")
+
+
+def test_an_altered_or_forged_key_row_is_a_miss_and_a_failed_write_never_an_error(tmp_path, sealed, caplog):
+    store, pages, tensors = sealed
+    store.close()
+    with _index(tmp_path) as db:  # a byte of tenant-a's wrapped keys flipped; a junk row for tenant-c
+        (wrapped,) = db.execute("SELECT wrapped FROM seal_keys WHERE namespace = 'tenant-a'").fetchone()
+        db.execute("UPDATE seal_keys SET wrapped = ? WHERE namespace = 'tenant-a'",
+                   (bytes([wrapped[0] ^ 1]) + bytes(wrapped[1:]),))
+        db.execute("INSERT INTO seal_keys VALUES ('tenant-c', ?, ?, ?, 0)",
+                   (b"\1" * 8, store.sealing.master_key_id, b"\0" * 76))
+    with ChunkStore(tmp_path / "store", TINY, seal_key=FileKeyProvider(tmp_path / "seal.key")) as again, \
+            caplog.at_level(logging.ERROR, logger="chunkstore.disk.keyring"):
+        keys = [p.key for p in pages]
+        assert again.exists(keys, "tenant-a") == [False] * 6 and again.longest_prefix(keys, "tenant-a") == 0
+        assert again.get(pages) == [None] * 6
+        for ns in ("tenant-a", "tenant-c"):
+            result = again.put(chain_pages(TINY, PROMPT, namespace=ns), tensors)
+            assert len(result.failed) == 6 and "no usable seal key" in next(iter(result.failed.values()))
+        b = chain_pages(TINY, [7] * TINY.page_size * 2, namespace="tenant-b")
+        assert all(t is not None for t in again.get(b))  # the other tenant is untouched
+        done = again.rotate_seal_key(write_key_file(tmp_path / "new.key"))  # rows that do not open are named
+        assert done.namespaces == 1 and done.unopened == ("tenant-a", "tenant-c")
+    assert any("tenant-a" in r.getMessage() and "cannot be used" in r.getMessage() for r in caplog.records)
+
+
+def test_a_server_left_on_a_rotated_key_keeps_the_keys_it_opened(tmp_path, sealed, key, monkeypatch):
+    store, pages, tensors = sealed
+    other = ChunkStore(tmp_path / "store", TINY, seal_key=key, read_only=True)  # a second server
+    assert all(t is not None for t in other.get(pages))
+    store.rotate_seal_key(write_key_file(tmp_path / "new.key"))
+    monkeypatch.setattr(keyring_mod, "KEY_RECHECK_S", 0.0)  # every lookup goes to the index again
+    assert all(same_bytes(t, w) for t, w in zip(other.get(pages), tensors))
+    b = chain_pages(TINY, [7] * TINY.page_size * 2, namespace="tenant-b")
+    assert other.get(b) == [None, None]  # a namespace it never opened: a miss until it restarts with the new key
+    other.close()
+
+
+def test_keys_found_by_their_id_are_looked_up_again_after_a_shred_elsewhere(tmp_path, sealed, key, monkeypatch):
+    """A second server that opened a tenant's chunks by key id (a verify) does not keep opening
+    them, or adopt their old files, once another process shredded the tenant."""
+    store, pages, tensors = sealed
+    old = {f.relative_to(tmp_path / "store"): f.read_bytes() for f in (tmp_path / "store").rglob("*.kv")}
+    second = ChunkStore(tmp_path / "store", TINY, seal_key=key, read_only=True)
+    assert maintenance.verify(second).ok == 8  # opens every chunk, by the keys of its row's namespace
+    names = [p.key for p in second.sealing.stored_pages(pages)]
+    assert second.verify_file(names[0]).is_ok  # by the chunk's key id alone
+    store.shred_namespace("tenant-a")
+    for relative, body in old.items():  # the old files put back
+        (tmp_path / "store" / relative).write_bytes(body)
+    monkeypatch.setattr(keyring_mod, "KEY_RECHECK_S", 0.0)
+    assert second.verify_file(names[0]).is_unauthentic
+    second.close()
+    report = maintenance.verify(store, repair=True)
+    assert report.adopted == 0 and report.quarantined == 6
+
+
+def test_a_store_whose_index_holds_seal_keys_never_opens_without_a_key(tmp_path, sealed):
+    store, _, _ = sealed
+    store.close()
+    with _index(tmp_path) as db:  # the marker deleted by a database writer
+        db.execute("DELETE FROM store_meta WHERE name = ?", (SEAL_META,))
+    with pytest.raises(SealKeyError, match="holds seal keys but no seal marker"):
+        ChunkStore(tmp_path / "store", TINY)

@@ -33,7 +33,7 @@ _OWNERS = {
     # a sealed store's master key (where it comes from) and its key operations' results
     "chunkstore.disk.seal_keys": ("KeyProvider", "FileKeyProvider", "EnvKeyProvider", "MasterKey", "SealKeyError",
                                   "seal_key_provider", "write_key_file"),
-    "chunkstore.disk.store_sealing": ("NamespaceKeyInfo", "ShredResult"),
+    "chunkstore.disk.store_sealing": ("NamespaceKeyInfo", "RotateResult", "ShredResult"),
     # the other types the store's methods take and return
     "chunkstore.disk.chunkfile": ("ChunkHeader",),
     "chunkstore.disk.file_check": ("FileCheck", "FileStatus"),
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from chunkstore.disk.seal_keys import (EnvKeyProvider, FileKeyProvider, KeyProvider, MasterKey, SealKeyError,
                                            seal_key_provider, write_key_file)
     from chunkstore.disk.store import ChunkStore
-    from chunkstore.disk.store_sealing import NamespaceKeyInfo, ShredResult
+    from chunkstore.disk.store_sealing import NamespaceKeyInfo, RotateResult, ShredResult
     from chunkstore.disk.store_folder import StoreBusyError, read_identity, store_root
     from chunkstore.disk.store_spec import (DEFAULT_LOCAL_COPY_BYTES, StoreSpec, check_folder, check_index_url,
                                             check_object_store, open_store)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SEAL_META = "seal_master_key_id"  # store_meta: the master key a sealed store's keys are wrapped by
 KEY_RECHECK_S = 30.0  # a cached namespace key is looked up again after this long (a shred elsewhere)
+NO_KEY_RECHECK_S = 2.0  # "no keys" is looked up again sooner (another server's first put makes them)
 
 
 class _PlainNames:
@@ -106,6 +108,10 @@ class SealKeyTable:
         with self.index.engine.connect() as conn:
             return list(conn.execute(select(seal_keys).order_by(seal_keys.c.namespace)))
 
+    def has_rows(self) -> bool:
+        with self.index.engine.connect() as conn:
+            return conn.execute(select(seal_keys.c.namespace).limit(1)).first() is not None
+
     def add(self, namespace: str, key_id: bytes, master_key_id: str, wrapped: bytes):
         """Insert a namespace's row unless it has one, and only while the marker names
         ``master_key_id``; returns the namespace's row then (None: the marker names another key)."""
@@ -124,28 +130,35 @@ class SealKeyTable:
         with self.index.write_lock, self.index.engine.begin() as conn:
             return conn.execute(seal_keys.delete().where(seal_keys.c.namespace == namespace)).rowcount > 0
 
-    def rewrap(self, old: MasterKey, new: MasterKey) -> int:
+    def rewrap(self, old: MasterKey, new: MasterKey) -> tuple[int, list[str]]:
         """Every row unwrapped by ``old`` and wrapped by ``new``, and the marker moved to ``new``,
-        in one transaction; returns how many rows. Raises SealKeyError when ``old`` is not the
-        store's key or a row does not open with it (nothing changes then)."""
+        in one transaction; returns how many rows, and the namespaces whose row does not open with
+        ``old`` (altered or forged rows: nothing they name can be read, and they are left as they
+        are). Raises SealKeyError when ``old`` is not the store's key (nothing changes then)."""
         with self.index.write_lock, self.index.engine.begin() as conn:
             self.index.dialect.lock_table(conn, seal_keys.name)
             marker = conn.execute(select(store_meta.c.value).where(store_meta.c.name == SEAL_META)).scalar()
             if marker != old.key_id:
                 raise SealKeyError(f"the store is sealed with master key id {marker}, not {old.key_id} "
                                    f"({old.source})")
-            rows = list(conn.execute(select(seal_keys)))
-            for row in rows:
-                keys = unwrap(old, row.namespace, bytes(row.key_id), bytes(row.wrapped))
+            rewrapped, unopened = 0, []
+            for row in conn.execute(select(seal_keys)).all():
+                try:
+                    keys = unwrap(old, row.namespace, bytes(row.key_id), bytes(row.wrapped))
+                except SealKeyError:
+                    unopened.append(row.namespace)
+                    continue
                 conn.execute(seal_keys.update().where(seal_keys.c.namespace == row.namespace)
                              .values(master_key_id=new.key_id, wrapped=wrap(new, keys)))
+                rewrapped += 1
             conn.execute(store_meta.update().where(store_meta.c.name == SEAL_META).values(value=new.key_id))
-        return len(rows)
+        return rewrapped, sorted(unopened)
 
 
 class Keyring:
     """A sealed store's keys: the master key, and each namespace's keys as the index holds them
-    (unwrapped on first use, cached, looked up again after KEY_RECHECK_S). Thread-safe."""
+    (unwrapped on first use, cached, looked up again after KEY_RECHECK_S; a namespace without keys
+    is looked up again after NO_KEY_RECHECK_S). Thread-safe: the index is read outside the lock."""
 
     is_sealed = True
 
@@ -155,8 +168,9 @@ class Keyring:
         self.binding = store_binding(identity)
         self.writable = writable
         self._lock = threading.Lock()
-        self._by_namespace: dict[str, tuple[NamespaceKeys, float]] = {}  # keys, when looked up
-        self._by_key_id: dict[bytes, NamespaceKeys] = {}
+        # namespace -> (its keys, or None: it has none; when looked up)
+        self._by_namespace: dict[str, tuple[NamespaceKeys | None, float]] = {}
+        self._warned: dict[str, float] = {}  # namespace -> when its unusable key row was last logged
 
     @property
     def master_key_id(self) -> str:
@@ -169,43 +183,81 @@ class Keyring:
                                "restart the server with the new key)")
         return unwrap(self.master, row.namespace, bytes(row.key_id), bytes(row.wrapped))
 
-    def _remember(self, keys: NamespaceKeys | None, namespace: str) -> NamespaceKeys | None:
-        old = self._by_namespace.pop(namespace, None)
-        if old is not None:
-            self._by_key_id.pop(old[0].key_id, None)
-        if keys is not None:
+    def _cached(self, namespace: str) -> tuple[NamespaceKeys | None, bool] | None:
+        """(keys, fresh) of ``namespace`` from the cache, or None when never looked up."""
+        with self._lock:
+            entry = self._by_namespace.get(namespace)
+        if entry is None:
+            return None
+        keys, at = entry
+        return keys, time.monotonic() - at < (KEY_RECHECK_S if keys is not None else NO_KEY_RECHECK_S)
+
+    def _remember(self, namespace: str, keys: NamespaceKeys | None) -> NamespaceKeys | None:
+        with self._lock:
             self._by_namespace[namespace] = (keys, time.monotonic())
-            self._by_key_id[keys.key_id] = keys
         return keys
+
+    def _from_row(self, namespace: str, row, cached: NamespaceKeys | None) -> NamespaceKeys | None:
+        """The keys ``row`` holds: the cached ones while its key id is theirs (so a server left on a
+        rotated master key keeps the keys it opened), else unwrapped. Raises SealKeyError."""
+        if row is None:
+            return None
+        if cached is not None and bytes(row.key_id) == cached.key_id:
+            return cached
+        return self._unwrap(row)
 
     def keys_for(self, namespace: str, create: bool = False) -> NamespaceKeys | None:
         """The keys of ``namespace``; None when it has none (nothing of it is stored) unless
         ``create``, which makes them (a writer's first put). Raises SealKeyError when its row does
-        not open with this master key, or the store's key was rotated away from it."""
-        with self._lock:
-            cached = self._by_namespace.get(namespace)
-            if cached is not None and time.monotonic() - cached[1] < KEY_RECHECK_S:
-                return cached[0]
-            row = self.table.row(namespace)
-            if row is None and create and self.writable:
-                new = NamespaceKeys.generate(namespace)
-                row = self.table.add(namespace, new.key_id, self.master.key_id, wrap(self.master, new))
-                if row is None:
-                    raise SealKeyError(f"the store's master key is no longer {self.master.key_id} (rotated: "
-                                       f"restart with the new key); no key made for namespace {namespace!r}")
-            return self._remember(None if row is None else self._unwrap(row), namespace)
+        not open with this master key, or the store's master key was rotated away from this
+        one's before the namespace had keys; the index's DBAPIError when it does not answer."""
+        seen = self._cached(namespace)
+        if seen is not None and seen[1] and (seen[0] is not None or not create):
+            return seen[0]
+        row = self.table.row(namespace)
+        if row is None and create and self.writable:
+            new = NamespaceKeys.generate(namespace)
+            row = self.table.add(namespace, new.key_id, self.master.key_id, wrap(self.master, new))
+            if row is None:
+                raise SealKeyError(f"the store's master key is no longer {self.master.key_id} (rotated: "
+                                   f"restart with the new key); no key made for namespace {namespace!r}")
+        return self._remember(namespace, self._from_row(namespace, row, seen[0] if seen else None))
 
     def keys_by_id(self, key_id: bytes) -> NamespaceKeys | None:
+        """The keys whose id is ``key_id`` (a chunk's, read without its row: a rebuild, an orphan),
+        looked up again as ``keys_for``'s; None when no namespace has them (shredded, or forged)."""
         with self._lock:
-            keys = self._by_key_id.get(key_id)
-            if keys is not None:
-                return keys
-            row = self.table.row_by_key_id(key_id)
-            return None if row is None else self._remember(self._unwrap(row), row.namespace)
+            found = next(((ns, keys, at) for ns, (keys, at) in self._by_namespace.items()
+                          if keys is not None and keys.key_id == key_id), None)
+        if found is not None and time.monotonic() - found[2] < KEY_RECHECK_S:
+            return found[1]
+        row = self.table.row_by_key_id(key_id)
+        if row is None:
+            if found is not None:
+                self.forget(found[0])
+            return None
+        return self._remember(row.namespace, self._from_row(row.namespace, row, found[1] if found else None))
+
+    def usable_keys(self, namespace: str, create: bool = False) -> NamespaceKeys | None:
+        """``keys_for``, with a key row this server cannot open taken as no keys (its pages are
+        misses, or fail to be written), logged at most once a minute per namespace: an altered or
+        forged row, or a master key rotated away from this server's."""
+        try:
+            return self.keys_for(namespace, create)
+        except SealKeyError as exc:
+            now = time.monotonic()
+            with self._lock:
+                due = now - self._warned.get(namespace, -math.inf) >= 60.0
+                if due:
+                    self._warned[namespace] = now
+            if due:
+                log.error("security: the seal keys of namespace %r cannot be used; its pages are misses and are "
+                          "not written: %s", namespace, exc)
+            return None
 
     def forget(self, namespace: str) -> None:
         with self._lock:
-            self._remember(None, namespace)
+            self._by_namespace.pop(namespace, None)
 
     # -- what the store calls --------------------------------------------------------------
 
@@ -216,7 +268,7 @@ class Keyring:
         out: list[PageRef | None] = []
         for p in pages:
             if p.namespace not in keys_of:
-                keys_of[p.namespace] = self.keys_for(p.namespace, create)
+                keys_of[p.namespace] = self.usable_keys(p.namespace, create)
             keys = keys_of[p.namespace]
             out.append(None if keys is None else dataclasses.replace(p, key=keys.name(p.key),
                                                                      parent_key=keys.name(p.parent_key)))
@@ -227,15 +279,16 @@ class Keyring:
         ``namespace`` None: ``keys`` are stored names already."""
         if namespace is None:
             return list(keys)
-        ns_keys = self.keys_for(namespace)
+        ns_keys = self.usable_keys(namespace)
         return [None] * len(keys) if ns_keys is None else [ns_keys.name(k) for k in keys]
 
     def seal(self, page: PageRef, segments: list, size: int) -> tuple[list, int]:
         """The sealed payload of the chunk file ``segments`` of the stored ``page``. Raises
         OSError when its namespace lost its keys meanwhile (a shred): the page fails."""
-        keys = self.keys_for(page.namespace)
+        keys = self.usable_keys(page.namespace)
         if keys is None:
-            raise OSError(f"namespace {page.namespace!r} has no seal key (shredded)")
+            raise OSError(f"namespace {page.namespace!r} has no usable seal key (shredded, or its key row does "
+                          "not open)")
         return seal(keys, page.key, self.binding, segments)
 
     def open(self, name: bytes, data: memoryview, namespace: str | None = None) -> tuple[memoryview, NamespaceKeys]:
@@ -243,7 +296,7 @@ class Keyring:
         (those of ``namespace`` when given, else those its key id names). Raises
         AuthenticationError."""
         key_id = sealed_key_id(data)
-        keys = self.keys_for(namespace) if namespace is not None else self.keys_by_id(key_id)
+        keys = self.usable_keys(namespace) if namespace is not None else self.keys_by_id(key_id)
         if keys is None:
             raise AuthenticationError(f"sealed under key id {key_id.hex()}, which this store does not hold "
                                       "(a shredded namespace's, or forged)")
@@ -309,6 +362,9 @@ def open_sealing(index: ChunkIndex, provider: KeyProvider | None, identity: Mode
         if marker is not None:
             raise SealKeyError(f"the store at {where} is sealed (master key id {marker}); open it with that key "
                                "(--seal-key PATH, $CHUNKSTORE_SEAL_KEY_FILE or $CHUNKSTORE_SEAL_KEY)")
+        if table.has_rows():  # its marker gone (an altered index): still never opened as an unsealed store
+            raise SealKeyError(f"the store at {where} holds seal keys but no seal marker (an altered index?); "
+                               "open it with its key")
         return PlainSealing()
     master = provider.master_key()
     if marker is None:

@@ -130,8 +130,9 @@ def verify(store: ChunkStore, repair: bool = False, progress: Progress | None = 
 
 
 def unavailable_error(store: ChunkStore, check: FileCheck) -> PayloadsUnavailable:
-    """Why a verify or rebuild stops: its storage did not answer, so nothing can be concluded."""
-    return PayloadsUnavailable(errno.EIO, f"stopped: the payloads at {store.payloads.location} did not answer "
+    """Why a verify or rebuild stops: a chunk could not be read (its storage did not answer, or a
+    sealed store's key for it cannot be opened), so nothing can be concluded."""
+    return PayloadsUnavailable(errno.EIO, f"stopped: a chunk at {store.payloads.location} could not be read "
                                           f"({check.text}); nothing was changed for the chunks not yet checked")
 
 

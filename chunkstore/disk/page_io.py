@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING
 
 import numpy as np
+from sqlalchemy.exc import DBAPIError
 
 from chunkstore.disk.chunkfile import (
     ChunkHeader,
@@ -238,8 +239,8 @@ class PageLoader:
             return FileCheck.unauthentic(str(exc), len(data))
         except CorruptChunkError as exc:
             return FileCheck.corrupt(str(exc), len(data))
-        except SealKeyError as exc:  # a key row this server cannot open (a rotated master key): the chunk
-            return FileCheck.unavailable(exc)  # is not known bad, so nothing is changed
+        except (SealKeyError, DBAPIError) as exc:  # a key row this server cannot open (a rotated master key),
+            return FileCheck.unavailable(exc)  # or an index that does not answer: not known bad, nothing changes
         return FileCheck.ok(header, len(data), parent_key)
 
 

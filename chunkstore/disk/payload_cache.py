@@ -296,6 +296,13 @@ class CachedPayloads(PayloadStore):
         if entries is not None:
             entries.remove(keys)
 
+    def drop_copy(self, key: bytes) -> None:
+        if self._entries is not None and self.copies.exists(key):
+            log.warning("dropping the local copy of chunk %s in %s: it failed verification, the bucket's passes",
+                        key.hex(), self.folder)
+            self._forget([key])
+            self._count("dropped")
+
     def delete(self, key: bytes) -> bool:
         self._forget([key])
         return self.source.delete(key)

@@ -179,6 +179,11 @@ class PayloadStore(abc.ABC):
         for key in keys:
             self.delete(key)
 
+    def drop_copy(self, key: bytes) -> None:
+        """Forget any local copy of ``key`` (the payloads of record stay): one that failed a check
+        the payload of record passes. Nothing to do where there is no copy."""
+        return None
+
     @abc.abstractmethod
     def quarantine(self, key: bytes) -> str | None:
         """Move the payload of ``key`` aside (kept for a post-mortem, never read again); returns

@@ -188,8 +188,11 @@ class SharedProtocol(StoreProtocol):
             if key not in self.index.claim([key], self.writer_id, self.claim_ttl_s):
                 return None  # another writer's put, eviction or sweep holds it
         try:
-            check = self.store.verify_file(key, page, row=row)
-            if check.is_ok or check.status is FileStatus.UNAVAILABLE:  # good now, or unknown
+            check = self.store.verify_file(key, page, row=row)  # the bucket's object, not a local copy
+            if check.is_ok:  # the bad bytes were a local copy's
+                self.payloads.drop_copy(key)
+                return None
+            if check.status is FileStatus.UNAVAILABLE:  # unknown
                 return None
             if seen is not None and not self.index.delete_unchanged({key: seen.created_at},
                                                                     (self.writer_id, self.claim_ttl_s)):

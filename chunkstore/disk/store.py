@@ -292,11 +292,33 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         arrays = page_arrays(tensors)
         if not self.sealing.is_sealed:
             return self._protocol.put(pages, arrays, pages, PutResult())
-        stored = self.sealing.stored_pages(pages, create=True)
-        result = self._protocol.put(stored, arrays, pages, PutResult())
-        given = {s.key: p.key for s, p in zip(stored, pages)}
+        stored = self._stored_pages(pages, create=True)
+        keyed = [i for i, s in enumerate(stored) if s is not None]
+        result = self._protocol.put([stored[i] for i in keyed], [arrays[i] for i in keyed], [pages[i] for i in keyed],
+                                    PutResult())
+        given = {stored[i].key: pages[i].key for i in keyed}
+        failed = {p.key: "write failed: no usable seal key for its namespace (see the log)"
+                  for p, s in zip(pages, stored) if s is None}
+        for p in (p for p, s in zip(pages, stored) if s is None):
+            self._index.count_event(p.namespace, "write_errors")
         return PutResult(stored=[given[k] for k in result.stored], deduplicated=[given[k] for k in result.deduplicated],
-                         failed={given[k]: why for k, why in result.failed.items()})
+                         failed={**failed, **{given[k]: why for k, why in result.failed.items()}})
+
+    def _stored_pages(self, pages: Sequence[PageRef], create: bool = False) -> list[PageRef | None]:
+        """The pages as the store keeps them (``sealing.stored_pages``); None for each while the
+        index does not answer (a read's miss, a put's failed page; logged as a read failure)."""
+        try:
+            return self.sealing.stored_pages(pages, create)
+        except DBAPIError as exc:
+            self._reads.failed("seal key lookup", exc, num_pages=len(pages))
+            return [None] * len(pages)
+
+    def _names(self, namespace: str | None, keys: Sequence[bytes]) -> list[bytes | None]:
+        try:
+            return self.sealing.names(namespace, keys)
+        except DBAPIError as exc:
+            self._reads.failed("seal key lookup", exc, num_pages=len(keys))
+            return [None] * len(keys)
 
     # -- get / exists ----------------------------------------------------------------------
 
@@ -316,14 +338,14 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         not answer. ``keys`` are keys as the index holds them (its rows'), or, given their
         ``namespace``, chain keys as ``chain_pages`` makes them: the same in an unsealed store,
         named by the namespace's naming key in a sealed one."""
-        names = self.sealing.names(namespace, keys)
+        names = self._names(namespace, keys)
         present = self._present(names)
         return [k in present for k in names]
 
     def longest_prefix(self, keys: Sequence[bytes], namespace: str | None = None) -> int:
         """How many leading keys of a chain are stored (0 while the index does not answer); the keys
         as for ``exists``."""
-        names = self.sealing.names(namespace, keys)
+        names = self._names(namespace, keys)
         present = self._present(names)
         n = 0
         for k in names:
@@ -355,7 +377,7 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         for out in outs:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")
-        names = [s.key if s is not None else None for s in self.sealing.stored_pages(pages)]
+        names = [s.key if s is not None else None for s in self._stored_pages(pages)]
         present = self._present(names)
         loader = self._background_loader if background else self._loader
         checks = loader.load([(i, names[i], p, outs[i]) for i, p in enumerate(pages) if names[i] in present])

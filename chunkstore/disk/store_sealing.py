@@ -33,6 +33,14 @@ class NamespaceKeyInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class RotateResult:
+    from_master_key_id: str
+    to_master_key_id: str
+    namespaces: int  # whose keys were rewrapped
+    unopened: tuple[str, ...] = ()  # namespaces whose key row did not open (altered or forged): left as they are
+
+
+@dataclass(frozen=True, slots=True)
 class ShredResult:
     namespace: str
     key_destroyed: bool  # False: the namespace had no keys (nothing of it was ever sealed, or shredded before)
@@ -72,19 +80,21 @@ class SealOps:
         ReadOnlyStoreError, and what the index raises (nothing changed when the keys' delete
         failed)."""
         keyring = self._keyring("shred")
-        destroyed = keyring.table.delete(namespace)
-        keyring.forget(namespace)
-        done = self.delete_namespace(namespace)
+        with self._index.write_lock:  # no put of this process commits between the key's delete and its rows'
+            destroyed = keyring.table.delete(namespace)
+            keyring.forget(namespace)
+            done = self.delete_namespace(namespace)
         return ShredResult(namespace, destroyed, done.num_chunks, done.stored_bytes)
 
     @mutation
-    def rotate_seal_key(self, new: MasterKey) -> int:
+    def rotate_seal_key(self, new: MasterKey) -> RotateResult:
         """Rewrap every namespace's keys by ``new`` (and mark the store sealed with it) in one
-        transaction; returns how many namespaces. This store uses ``new`` from then on; other
-        servers keep the keys they hold and need ``new`` when they restart. Raises ValueError for
-        an unsealed store, SealKeyError when a row does not open with the current key (nothing
-        changed), ReadOnlyStoreError."""
+        transaction. This store uses ``new`` from then on; other servers keep the keys they hold
+        and need ``new`` when they restart. A key row that does not open with the current key
+        (altered or forged) is left as it is and named. Raises ValueError for an unsealed store,
+        ReadOnlyStoreError."""
         keyring = self._keyring("rotate")
-        n = keyring.table.rewrap(keyring.master, new)
+        old = keyring.master
+        n, unopened = keyring.table.rewrap(old, new)
         keyring.master = new
-        return n
+        return RotateResult(old.key_id, new.key_id, n, tuple(unopened))

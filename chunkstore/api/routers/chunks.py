@@ -155,7 +155,7 @@ def get_chunk(key: KeyPath, caller: ReaderDep, backend: BackendDep) -> ChunkDeta
     with backend.using_store() as store:
         row = _row(store, k)
         check_namespace(caller, row.namespace)
-        check = store.verify_file(k)
+        check = store.verify_file(k, row=row)  # the row's namespace is the caller's: its keys must open it
         num_children = len(store.child_keys(k))
         is_parent_stored = store.exists([row.parent_key])[0]
     # A chunk's tokens are its tenant's prompt: only the admin token or the namespace's own shows them.

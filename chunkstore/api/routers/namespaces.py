@@ -52,6 +52,17 @@ def set_quota(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_leng
     return _namespaces(backend, namespace)[0]
 
 
+def _drop_from_memory(backend: AdminBackend, namespace: str) -> tuple[int, int]:
+    """Evict ``namespace``'s pages from the memory tiers: (pages evicted, pages left: locked by
+    requests in progress, or kept by the write policy)."""
+    removed = left = 0
+    for tier in backend.memory_tiers:
+        done = backend.evict_memory_selected(tier, MemorySelection(namespace=namespace), dry_run=False)
+        removed += done.num_pages
+        left += done.locked_pages + done.kept_pages
+    return removed, left
+
+
 @router.delete("/{namespace:path}", response_model=NamespaceDeleted)
 def delete_namespace(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_length=256)], request: Request,
                      caller: AdminDep, backend: BackendDep,
@@ -59,14 +70,12 @@ def delete_namespace(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, m
                                                               "first, so that no server, local copy or old copy of "
                                                               "the bucket can read any of its chunks again")] = False,
                      ) -> NamespaceDeleted:
-    """Delete every page of a namespace: from the memory tiers first (pages that requests in
-    progress lock stay), then its chunks on disk, pinned ones included. Admin token only."""
+    """Delete every page of a namespace: from the memory tiers first, then its chunks on disk
+    (pinned ones included; with ``shred``, its key before them), then from the memory tiers again.
+    Pages that requests in progress lock stay in memory (``memory_pages_left``): once released
+    they may be written down again. Admin token only."""
     audit(request, caller, {"namespace": namespace, "shred": shred})
-    removed = left = 0
-    for tier in backend.memory_tiers:
-        done = backend.evict_memory_selected(tier, MemorySelection(namespace=namespace), dry_run=False)
-        removed += done.num_pages
-        left += done.locked_pages + done.kept_pages
+    removed, _ = _drop_from_memory(backend, namespace)
     num_chunks = stored_bytes = 0
     key_destroyed = None
     try:
@@ -84,5 +93,6 @@ def delete_namespace(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, m
     except NoDiskTierError:
         if shred:
             raise AdminError.invalid("shred needs a sealed disk tier; this cache has no disk tier", "shred") from None
-    return NamespaceDeleted(namespace=namespace, memory_pages=removed, memory_pages_left=left, num_chunks=num_chunks,
+    more, left = _drop_from_memory(backend, namespace)  # what requests in progress released meanwhile
+    return NamespaceDeleted(namespace=namespace, memory_pages=removed + more, memory_pages_left=left, num_chunks=num_chunks,
                             stored_bytes=stored_bytes, key_destroyed=key_destroyed)

@@ -61,7 +61,9 @@ class QuotaUpdate(RequestBody):
 class NamespaceDeleted(BaseModel):
     namespace: str
     memory_pages: int = Field(description="pages removed from the device and host tiers (a live cache)")
-    memory_pages_left: int = Field(description="pages left in memory: requests in progress lock them")
+    memory_pages_left: int = Field(description="pages left in memory: requests in progress lock them; once released "
+                                               "they may be written down again, so repeat the call when the "
+                                               "namespace's requests have ended")
     num_chunks: int = Field(description="chunks deleted from the disk tier, pinned ones included")
     stored_bytes: int = Field(description="their stored bytes")
     key_destroyed: bool | None = Field(description="with shred: whether the namespace's key was destroyed (false: it "
