@@ -101,11 +101,25 @@ def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = Fa
 
 # -- commands --------------------------------------------------------------------------------
 
+def _model_stores(root: Path) -> list[Path]:
+    """The stores of further models in the data folder ``root`` (``models/<model>-<digest>/``, as
+    `chunkstore serve` makes them), in name order."""
+    from chunkstore.disk.store_folder import MODELS_DIRNAME, STORE_FILENAME
+
+    return sorted(p.parent for p in (root / MODELS_DIRNAME).glob(f"*/{STORE_FILENAME}"))
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     with _open_store(args, write=False) as store:
         stats = store.stats()
+        model_id = store.identity.model_id
+    others = []
+    if not args.index_url and not args.object_store:  # a data folder: every model's store in it
+        for folder in _model_stores(Path(args.disk_path)):
+            with _open_store(argparse.Namespace(**{**vars(args), "disk_path": str(folder)}), write=False) as store:
+                others.append({"path": str(folder), "model_id": store.identity.model_id, "stats": store.stats()})
 
-    def lines(s) -> list[str]:
+    def store_lines(s, indent: str = "") -> list[str]:
         out = [
             f"chunks             {s.num_chunks}",
             f"raw bytes          {s.raw_bytes}",
@@ -124,9 +138,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
             quota = n.quota_bytes if n.quota_bytes is not None else "-"
             out.append(f"  namespace {n.namespace!r}: {n.num_chunks} chunks, {n.stored_bytes} stored bytes, "
                        f"quota {quota}, hits {n.hits}, misses {n.misses}")
+        return [indent + line for line in out]
+
+    def lines(doc) -> list[str]:
+        out = store_lines(doc["stats"])
+        if doc["models"]:
+            out = [f"model {model_id} (the data folder's own store)"] + store_lines(doc["stats"], "  ")
+        for other in doc["models"]:
+            out += [f"model {other['model_id']} in {other['path']}"] + store_lines(other["stats"], "  ")
         return out
 
-    _emit(args, stats, lines)
+    # The JSON keeps the folder's own store's figures at the top, as before; other models' under "models".
+    doc = {"stats": stats, "models": others}
+    if args.json:
+        print(json.dumps(_jsonable({**_jsonable(stats), "models": others}), indent=2, sort_keys=True))
+    else:
+        print("\n".join(lines(doc)))
     return 0
 
 

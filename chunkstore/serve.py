@@ -125,6 +125,18 @@ def _data_folder(engine, cache_config: CacheConfig) -> str:
     return str(store.root) if store is not None else f"{cache_config.disk_path} (no disk tier)"
 
 
+def _admin_settings(engine, settings: ServerSettings):
+    """The mounted management API's settings: the server's address, and one admin token file per
+    server, ``admin-token`` in the data folder, whichever model's store (the folder itself, or one
+    below it) the server opened; CHUNKSTORE_ADMIN_TOKEN_FILE, when set, wins."""
+    from chunkstore import api
+
+    admin = api.AdminSettings(host=settings.host, port=settings.port)
+    if admin.token_file is None and engine.cache.store is not None:
+        admin = admin.model_copy(update={"token_file": Path(engine.cache.config.disk_path) / api.TOKEN_FILENAME})
+    return admin
+
+
 def create_app(engine, settings: ServerSettings):
     """The app of `chunkstore serve`: the server's APIs over ``engine``, the management API under
     /api/v1 (its own Host rule, body limit and errors; each tenant's API key is also its namespace
@@ -138,7 +150,7 @@ def create_app(engine, settings: ServerSettings):
 
     def mount_admin(parent) -> MountedApp:
         backend = api.CacheBackend(engine.cache, decode=engine.tokenizer.decode, serving=engine.serving.snapshot)
-        admin = api.mount(parent, backend, api.AdminSettings(host=settings.host, port=settings.port),
+        admin = api.mount(parent, backend, _admin_settings(engine, settings),
                           namespace_digests=[(t.namespace, t.digest) for t in settings.tenants])
         add_webui(parent)  # the dashboard (webui/, docs/WEBUI.md) at /, calling the API above at api/v1/
         return MountedApp(api.API_PREFIX, admin, metrics_path=f"{api.API_PREFIX}/metrics")

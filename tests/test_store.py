@@ -17,7 +17,7 @@ from chunkstore.disk.maintenance import evict_bytes
 from chunkstore.disk.page_io import TORCH_DTYPES, page_arrays, page_tensor_bytes
 from tests.helpers.faults import FaultyPayloads
 from chunkstore.testing.tensors import same_bytes
-from tests.helpers import kv_pages
+from tests.helpers import TINY, kv_pages
 
 
 def test_put_get_round_trip(store, chain):
@@ -377,3 +377,24 @@ def test_gc_spares_the_temp_files_of_puts_in_flight(store, chain):
     dead.write_bytes(b"left by a crashed writer")
     assert gc(store).temps_removed == 1
     assert mine.handle.exists() and not dead.exists()
+
+
+def test_another_models_index_file_in_a_store_folder_is_refused(tmp_path, capsys):
+    """An index.db copied from another model's store: the store, and every store command, refuse
+    it (naming both models) instead of reading or changing the other store's rows."""
+    import shutil
+
+    from chunkstore.cli import main
+
+    other = ModelIdentity("another-model", "bfloat16", num_layers=2, num_kv_heads=2, head_dim=16, page_size=4)
+    for root, ident in ((tmp_path / "a", TINY), (tmp_path / "b", other)):
+        with ChunkStore(root, ident) as s:
+            assert s.put(chain_pages(ident, list(range(8))), kv_pages(ident, 2)).ok
+    for f in (tmp_path / "a").glob("index.db*"):
+        f.unlink()
+    shutil.copy(tmp_path / "b" / "index.db", tmp_path / "a" / "index.db")
+    with pytest.raises(ModelMismatchError, match="another-model.*this store's.*tiny-test"):
+        ChunkStore(tmp_path / "a", TINY)
+    for argv in (["stats"], ["gc"], ["evict", "--bytes", "1000"]):
+        assert main([*argv, "--disk-path", str(tmp_path / "a")]) == 2
+        assert "another-model" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "create_app": "chunkstore.api.app", "mount": "chunkstore.api.app", "API_PREFIX": "chunkstore.api.app",
-    "AdminSettings": "chunkstore.api.settings",
+    "AdminSettings": "chunkstore.api.settings", "TOKEN_FILENAME": "chunkstore.api.settings",
     "CacheBackend": "chunkstore.api.backend", "StoreBackend": "chunkstore.api.backend",
     "AdminBackend": "chunkstore.api.backend",
 }

@@ -47,7 +47,8 @@ def authenticate(runtime: RuntimeDep, authorization: Annotated[str | None, Heade
         return Caller(Role.ANONYMOUS)
     caller = runtime.token.ring.identify(token)
     if caller is None:
-        raise AdminError.unauthorized("invalid token")
+        where = f" (the admin token is in {runtime.token_path})" if runtime.token_path else ""
+        raise AdminError.unauthorized(f"invalid token{where}")
     return caller
 
 

@@ -48,7 +48,7 @@ EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
 __all__ = [
     "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "Leaf", "NamespaceUsage", "ServerCounts", "Victim",
     "drop_index", "upgrade_index", "default_server_name", "EVICTOR_LOCK_TIMEOUT_S", "SERVER_EVENTS",
-    "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S",
+    "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S", "COUNTER_FLUSH_S",
     # owned by index_dialect.py
     "BACKENDS", "DB_FILENAME", "IndexDialect", "IndexMissingError", "db_files", "dialect_for", "display_url",
     "index_backend", "prepare_db_files", "sqlite_path", "sqlite_url",
@@ -58,6 +58,10 @@ __all__ = [
 # and writes the server's row even with nothing to add: ``last_seen_at`` then says it is alive).
 SERVER_EVENTS = frozenset(SERVER_COUNTS) - {"published"}  # published: the rows this index inserted
 SERVER_WRITE_INTERVAL_S = 5.0
+# Buffered counters and access times are written at least this often while a writer reads (a
+# server that only serves hits makes no other write), so another process's `chunkstore stats`
+# sees them within seconds.
+COUNTER_FLUSH_S = 5.0
 SERVER_PRUNE_S = 7 * 86400.0  # a server's row not written for this long is deleted (at most hourly)
 _SERVER_PRUNE_EVERY_S = 3600.0
 
@@ -204,6 +208,7 @@ class ChunkIndex:
         self._pending_counts: Counter[tuple[str, str]] = Counter()
         self._pending_server: Counter[str] = Counter()  # this server's counts (SERVER_COUNTS)
         self._server_written_at = 0.0  # when this server's row was last written (time.time())
+        self._buffers_written_at = time.monotonic()  # when the buffers were last written (any write)
         self._pruned_at = 0.0
         self._pending_lock = threading.Lock()
         # The writer's quotas, read once per namespace: only set_quota changes them while this
@@ -669,6 +674,16 @@ class ChunkIndex:
             with self._pending_lock:
                 self._pending_server["published"] += n
 
+    def flush_if_due(self) -> None:
+        """``flush`` when something is buffered and nothing was written for COUNTER_FLUSH_S (a
+        writer only). Raises as ``flush``."""
+        if self.read_only or time.monotonic() - self._buffers_written_at < COUNTER_FLUSH_S:
+            return
+        with self._pending_lock:
+            if not (self._pending_counts or self._pending_touch):
+                return
+        self.flush()
+
     def flush(self) -> None:
         """Write the buffered access times and counters, this server's row included (even with
         nothing to add: its ``last_seen_at`` moves)."""
@@ -711,6 +726,7 @@ class ChunkIndex:
                 raise
             if writes_server:
                 self._server_written_at = now
+            self._buffers_written_at = time.monotonic()
             if changes_rows or touches:
                 self.generation += 1
 

@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +45,7 @@ from chunkstore.disk.codec import Codec
 from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.files import ChunkFiles, Durability, make_private_dir
 from chunkstore.disk.identity import ModelIdentity
-from chunkstore.disk.index import ChunkIndex, ChunkRow, drop_index, sqlite_url
+from chunkstore.disk.index import COUNTER_FLUSH_S, ChunkIndex, ChunkRow, drop_index, sqlite_url
 from chunkstore.disk.index_reads import IndexReads
 from chunkstore.disk.read_only import mutation as _mutation
 from chunkstore.disk.store_eviction import EvictionOps
@@ -194,9 +195,8 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
             # hide every chunk): it asks for `chunkstore rebuild` instead.
             self._index = index_factory(url, read_only=read_only,
                                         must_exist=not reset_index and self.payloads.has_any())
-            if self._index.dialect.serves_many_stores:
-                claim_index(self._index, self.root, identity, read_only=read_only,
-                            allow_other_models=allow_other_models, shared_name=self.payloads.shared_name)
+            claim_index(self._index, self.root, identity, read_only=read_only,
+                        allow_other_models=allow_other_models, shared_name=self.payloads.shared_name)
             if reset_index and not read_only:
                 carried.restore(self._index)
             # Sealed or not, chosen once (keyring.py): how pages are named and stored.
@@ -220,6 +220,13 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
                                         initializer=lower_this_thread, initargs=(self.background_priority,))
         # The one place that knows whether the tier is shared: how pages are published and go.
         self._protocol: StoreProtocol = SharedProtocol(self) if self.shared else FolderProtocol(self)
+        # A writer that only serves hits makes no write that would carry its buffered counts and
+        # access times: they are written every COUNTER_FLUSH_S, so another process sees them.
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
+        if not read_only:
+            self._flusher = threading.Thread(target=self._flush_loop, name="chunkstore-flush", daemon=True)
+            self._flusher.start()
 
     @functools.cached_property
     def torch_dtype(self) -> torch.dtype:
@@ -239,10 +246,20 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
             self._writer_lock.release()
             self._writer_lock = None
 
+    def _flush_loop(self) -> None:
+        while not self._stop_flusher.wait(COUNTER_FLUSH_S):
+            try:
+                self._index.flush_if_due()
+            except DBAPIError as exc:  # a full disk, a database gone: the counts stay buffered
+                self._writes.failed("index flush", exc, num_pages=0)
+
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        self._stop_flusher.set()
+        if self._flusher is not None:
+            self._flusher.join()
         self._loader.close()
         self._background_loader.close()
         self._pool.shutdown(wait=True)

@@ -143,24 +143,28 @@ def warn_if_not_private(root: Path) -> None:
 
 def claim_index(index: ChunkIndex, root: Path, identity: ModelIdentity, *, read_only: bool,
                 allow_other_models: bool, shared_name: str | None = None) -> None:
-    """Bind a database index to the store at ``root`` (or, for a shared tier, to the payloads every
-    server names ``shared_name``): its rows claim those payloads and that model's pages. A SQLite
-    index lives in (or beside) its folder; a database on a server could be named by two stores,
-    whose rows would then claim each other's files. Raises ModelMismatchError (closing the index)
-    for an index another store or model has claimed."""
-    where = ("store_folder", str(Path(root).resolve())) if shared_name is None else ("payload_store", shared_name)
-    claim = {where[0]: where[1], "identity": identity.to_json()}
-    other = "payload_store" if shared_name is None else "store_folder"
-    if (held := index.get_meta(other)) is not None:
-        index.close()
-        kind = "a shared tier" if shared_name is None else "one store's folder"
-        raise ModelMismatchError(f"the index {index.name} belongs to {kind} ({other}: {held}); give each "
-                                 "store its own database")
+    """Bind an index to the model whose pages its rows name and, for a database on a server, to the
+    store at ``root`` (or, for a shared tier, to the payloads every server names ``shared_name``):
+    a database could be named by two stores, whose rows would then claim each other's files; a
+    SQLite index lives in (or beside) its folder, which may move, so it records the model only (an
+    index file copied from another model's store is refused, not read as this one's). Raises
+    ModelMismatchError (closing the index), naming both, for an index another store or model has
+    claimed."""
+    claim = {"identity": identity.to_json()}
+    if index.dialect.serves_many_stores:
+        where = ("store_folder", str(Path(root).resolve())) if shared_name is None else ("payload_store", shared_name)
+        claim[where[0]] = where[1]
+        other = "payload_store" if shared_name is None else "store_folder"
+        if (held := index.get_meta(other)) is not None:
+            index.close()
+            kind = "a shared tier" if shared_name is None else "one store's folder"
+            raise ModelMismatchError(f"the index {index.name} belongs to {kind} ({other}: {held}); give each "
+                                     "store its own database")
     for name, value in claim.items():
         held = index.get_meta(name)
         if held is None and not read_only:
             index.set_meta(name, value)
         elif held is not None and held != value and not (name == "identity" and allow_other_models):
             index.close()
-            raise ModelMismatchError(f"the index {index.name} belongs to another store ({name}: {held}); give "
-                                     "each store its own database")
+            raise ModelMismatchError(f"the index {index.name} belongs to another store ({name}: {held}; this "
+                                     f"store's: {value}); give each store its own index")

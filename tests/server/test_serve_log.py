@@ -38,3 +38,23 @@ def test_alembic_steps_show_at_debug(serve_process):
     log = server.output()
     assert "DEBUG alembic.runtime.migration: Running upgrade  -> 0001" in log, log
     assert "INFO alembic" not in log
+
+
+def test_the_admin_token_is_in_the_data_folder_whatever_the_model(serve_process, tmp_path):
+    """The preset first (its store is the data folder), then a local model folder (its store is one
+    below it): both servers keep the one token the README names, data/admin-token, and a wrong
+    token's 401 names that file."""
+    first = serve_process()
+    assert first.client.get("/health").status_code == 200
+    first.stop()
+    token = (tmp_path / "data" / "admin-token").read_text().strip()
+    model = tmp_path / "model"
+    model.mkdir()
+    make_model_folder(model)
+    second = serve_process("--model", str(model))
+    assert "models" in second.output().split("data in ")[1]  # this model's store is below the data folder
+    assert not list((tmp_path / "data" / "models").rglob("admin-token"))
+    ok = second.client.post("/api/v1/flush", json={}, headers={"Authorization": f"Bearer {token}"})
+    assert ok.status_code == 200, ok.text
+    bad = second.client.post("/api/v1/flush", json={}, headers={"Authorization": "Bearer wrong"})
+    assert bad.status_code == 401 and str(tmp_path / "data" / "admin-token") in bad.text
