@@ -1,11 +1,8 @@
-"""Alembic environment for the chunk index. chunkstore passes an open connection in
-``config.attributes["connection"]``; the alembic CLI uses ``sqlalchemy.url`` from alembic.ini.
-The index file holds the disk tier's tables and the management API's own (its stats history):
-one linear history, each part's tables in its own migrations, which spell their tables out. The
-disk tier runs this environment whenever an index is upgraded, so it imports the disk tier's
-schema only, never the API's (which is above it): ``target_metadata`` serves only
-``alembic revision --autogenerate``, and a migration of the API's table is written against
-chunkstore/api/history_schema.py by hand (tests/test_schema.py compares both with a migrated index)."""
+"""Alembic environment for the chunk index: the disk tier's tables. chunkstore passes an open
+connection in ``config.attributes["connection"]``; the alembic CLI uses ``sqlalchemy.url`` from
+alembic.ini. The disk tier runs this environment whenever an index is made or upgraded, so it
+imports the disk tier's schema only. The management API keeps its own tables in the same
+database with migrations of its own (chunkstore/api/migrations, in its own version table)."""
 
 from alembic import context
 from sqlalchemy import create_engine

@@ -1,6 +1,7 @@
-"""The alembic migrations describe the same database as chunkstore/disk/schema.py (the disk tier's
-tables) and chunkstore/api/history_schema.py (the management API's own table) together, the disk tier's schema
-holds none of the API's tables, and the usage triggers keep per-namespace totals equal to the rows."""
+"""The disk tier's alembic migrations describe the database of chunkstore/disk/schema.py, and the
+management API's own migrations (chunkstore/api/migrations, their own version table) add its table
+as chunkstore/api/history_schema.py describes it, adopting one an older index made; the disk tier
+makes none of the API's tables, and the usage triggers keep per-namespace totals equal to the rows."""
 
 from __future__ import annotations
 
@@ -8,21 +9,44 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from chunkstore.api.history_schema import metadata as api_metadata
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, func, inspect, text
 
+from chunkstore.api.history_db import HEAD_REVISION, SCRIPTS, HistoryDatabase
+from chunkstore.api.history_schema import API_VERSION_TABLE
 from chunkstore.disk import migrations
 from chunkstore.disk.index import ChunkIndex, ChunkRow, sqlite_url
 from chunkstore.disk.schema import metadata as disk_metadata
 
+# compare_metadata leaves out alembic's own version table only: the API keeps its revision apart.
+NOT_THE_API_VERSION = {"include_object": lambda obj, name, kind, reflected, other: name != "api_alembic_version"}
+
 
 def test_migrations_match_the_schema_module(tmp_path):
     ChunkIndex(sqlite_url(tmp_path)).close()
-    engine = create_engine(f"sqlite:///{tmp_path / 'index.db'}")
+    url = f"sqlite:///{tmp_path / 'index.db'}"
+    engine = create_engine(url)
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), [disk_metadata, api_metadata])
+        diff = compare_metadata(MigrationContext.configure(conn), disk_metadata)
+        assert migrations.current_revision(conn) == migrations.head_revision()
+        assert "stats_history" not in inspect(conn).get_table_names()  # the disk tier makes none of the API's
+    db = HistoryDatabase(url)
+    db.migrate()  # the API's own, beside them
+    db.close()
+    with engine.connect() as conn:
+        both = compare_metadata(MigrationContext.configure(conn, opts=NOT_THE_API_VERSION), [disk_metadata, api_metadata])
+        assert conn.execute(text(f"SELECT version_num FROM {API_VERSION_TABLE}")).scalar() == HEAD_REVISION
         assert migrations.current_revision(conn) == migrations.head_revision()
     engine.dispose()
-    assert diff == [], diff
+    assert diff == [] and both == [], (diff, both)
+
+
+def test_the_apis_head_revision_is_alembics():
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(SCRIPTS))
+    assert ScriptDirectory.from_config(cfg).get_current_head() == HEAD_REVISION
 
 
 def test_the_disk_schema_holds_only_the_disk_tiers_tables():
@@ -139,34 +163,45 @@ def test_server_counters_add_up_per_server_and_old_rows_are_pruned(tmp_path):
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
-def test_migration_0007_keys_the_stats_history_by_server(tmp_path, request, dialect):
-    """Rows written before 0007 get the key '' (a store of its own keeps its whole history); the
-    index on (server, id) comes with it; the downgrade drops both again."""
-    from alembic import command
-    from alembic.config import Config
-    from sqlalchemy import inspect, insert, select
+def test_the_api_adopts_a_stats_history_the_disk_tiers_old_revisions_made(tmp_path, request, dialect):
+    """An index whose stats history the disk tier made (revisions 0002 and 0003, before they were
+    emptied: 32-bit integers on PostgreSQL, no server key) keeps its rows: the API's migration
+    adds the key ('' for the rows before), its index, and on PostgreSQL widens the integers."""
+    from sqlalchemy import insert, select
 
     from chunkstore.api.history_schema import stats_history
 
     url = f"sqlite:///{tmp_path / 'index.db'}" if dialect == "sqlite" else request.getfixturevalue("postgres_url")
-    cfg = Config()
-    cfg.set_main_option("script_location", str(migrations.script_location()))
+    ChunkIndex(url).close()
     engine = create_engine(url)
     try:
+        with engine.begin() as conn:  # the table as 0002 and 0003 made it, with a sample
+            figures = ", ".join(f"{name} INTEGER" for name in _FIGURES_0002)
+            id_column = "id INTEGER NOT NULL PRIMARY KEY" if dialect == "sqlite" else "id SERIAL PRIMARY KEY"
+            conn.execute(text(f"CREATE TABLE stats_history ({id_column}, sampled_at FLOAT NOT NULL, "
+                              f"uptime_s FLOAT NOT NULL, {figures}, requests_total INTEGER, "
+                              f"completion_tokens_total INTEGER, ttft_sum_s FLOAT, ttft_count INTEGER)"))
+            conn.execute(text("CREATE INDEX ix_stats_history_sampled_at ON stats_history (sampled_at)"))
+            conn.execute(text("INSERT INTO stats_history (sampled_at, uptime_s, lookups) VALUES (1.0, 2.0, 7)"))
+        db = HistoryDatabase(url)
+        db.migrate()
+        db.close()
         with engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0006")
-            conn.execute(insert(stats_history).values(sampled_at=1.0, uptime_s=2.0))  # no server column yet
-            assert "server" not in {c["name"] for c in inspect(conn).get_columns("stats_history")}
-            assert migrations.upgrade(conn) == ("0006", migrations.head_revision())
-            assert conn.execute(select(stats_history.c.server, stats_history.c.sampled_at)).all() == [("", 1.0)]
+            assert conn.execute(select(stats_history.c.server, stats_history.c.lookups)).all() == [("", 7)]
             indexes = {i["name"]: i["column_names"] for i in inspect(conn).get_indexes("stats_history")}
             assert indexes["ix_stats_history_server_id"] == ["server", "id"]
-            command.downgrade(cfg, "0006")
-            inspector = inspect(conn)
-            assert "server" not in {c["name"] for c in inspector.get_columns("stats_history")}
-            assert "ix_stats_history_server_id" not in {i["name"] for i in inspector.get_indexes("stats_history")}
-            command.upgrade(cfg, "head")
-            assert migrations.current_revision(conn) == migrations.head_revision()
+            assert compare_metadata(MigrationContext.configure(conn, opts=NOT_THE_API_VERSION),
+                                    [disk_metadata, api_metadata]) == []  # the newest shape
+            conn.execute(insert(stats_history).values(sampled_at=3.0, uptime_s=3.0, disk_stored_bytes=2**40))
+            assert conn.execute(select(func.max(stats_history.c.disk_stored_bytes))).scalar() == 2**40
     finally:
         engine.dispose()
+
+
+_FIGURES_0002 = (
+    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
+    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
+    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
+    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
+    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
+)

@@ -63,7 +63,6 @@ def _calls(pages, plan, rows):
         "purge_quarantine": lambda s: s.purge_quarantine(),
         "sweep": lambda s: s.sweep(),
         "checkpoint": lambda s: s.checkpoint(),
-        "write_side_tables": lambda s: s.write_side_tables().__enter__(),
         "shred_namespace": lambda s: s.shred_namespace("default"),
         "rotate_seal_key": lambda s: s.rotate_seal_key(MasterKey.generate()),
     }

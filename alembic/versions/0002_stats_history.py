@@ -1,39 +1,21 @@
-"""The management API's stats history: one row per sample, bounded by its writer (chunkstore/api/history.py).
+"""Formerly the management API's stats history. That table is the API's own now, with migrations of
+its own (chunkstore/api/migrations, versioned in api_alembic_version): this revision makes
+nothing, and the API adopts the table an index made before already holds (its revision h0001).
 
 Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-07
 """
 
-import sqlalchemy as sa
-from alembic import op
-
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-# Spelled out (not imported from chunkstore.disk.schema): a migration is frozen once released.
-_FIGURES = (
-    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
-    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
-    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
-    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
-    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
-)
-
 
 def upgrade() -> None:
-    op.create_table(
-        "stats_history",
-        sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("sampled_at", sa.Float, nullable=False),
-        sa.Column("uptime_s", sa.Float, nullable=False),
-        *(sa.Column(name, sa.Integer, nullable=True) for name in _FIGURES),
-    )
-    op.create_index("ix_stats_history_sampled_at", "stats_history", ["sampled_at"])
+    pass  # the management API's own migrations make its table
 
 
 def downgrade() -> None:
-    op.drop_index("ix_stats_history_sampled_at", "stats_history")
-    op.drop_table("stats_history")
+    pass

@@ -1,8 +1,9 @@
 """The stats history: samples of the cache's figures, in the API's own table of the store's index
-file (chunkstore/api/history_schema.py), so they survive restarts.
+database (chunkstore/api/history_schema.py), so they survive restarts.
 
-Invariants: rows are written only through the store's side-table transaction, under its writer
-lock (one writer, as every index write); every row carries the key of the server that wrote it
+Invariants: rows are read and written through the API's own connections (history_db.py, its own
+migrations) and written under the store's writer lock (one writer in this process, as every index
+write; never for a read-only store); every row carries the key of the server that wrote it
 (``server_key``), and a server reads and bounds only the rows of its own key: each append also
 deletes that key's rows beyond its newest ``max_rows``, so the table stays bounded and one server's
 trim never touches another's rows on a shared tier; one sampler thread per app writes, every
@@ -18,9 +19,10 @@ import threading
 
 from sqlalchemy import Connection, delete, insert, select, update
 
-from chunkstore.disk.store import ChunkStore
+from chunkstore.disk.store import ChunkStore, ReadOnlyStoreError
 
 from chunkstore.api.backend.base import AdminBackend, BackendError, BackendSnapshot
+from chunkstore.api.history_db import HistoryDatabase
 from chunkstore.api.history_schema import STATS_HISTORY_FIGURES, STATS_HISTORY_SERVING, stats_history
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,34 @@ def server_key(store: ChunkStore) -> str:
 
 
 class HistoryTable:
-    """Reads and bounded appends of ``stats_history`` in a store's index file, each server's own."""
+    """Reads and bounded appends of ``stats_history`` in a store's index database, each server's
+    own, through the API's own connection to it (one per database, kept until ``close``)."""
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
         self._adopted: set[str] = set()  # the keys that took over the rows written before migration 0007
+        self._databases: dict[str, HistoryDatabase] = {}
+        self._lock = threading.Lock()
+
+    def _database(self, store: ChunkStore) -> HistoryDatabase:
+        with self._lock:
+            db = self._databases.get(store.index_url)
+            if db is None:
+                db = self._databases[store.index_url] = HistoryDatabase(store.index_url)
+            return db
+
+    def prepare(self, store: ChunkStore) -> None:
+        """Make or upgrade the API's tables in ``store``'s index database (a writable store's; a
+        read-only one's are left as they are). Raises sqlalchemy's errors."""
+        if not store.read_only:
+            self._database(store).migrate()
+
+    def close(self) -> None:
+        """Close the connections (a rebuild deletes a SQLite index: the next use connects again)."""
+        with self._lock:
+            databases, self._databases = self._databases, {}
+        for db in databases.values():
+            db.close()
 
     def append(self, store: ChunkStore, rows: list[dict]) -> None:
         """Insert ``rows`` under this server's key (a row that names its ``server``, as the rows that
@@ -75,8 +100,12 @@ class HistoryTable:
         each key written. On a shared tier the first append also adopts the rows written before
         migration 0007 (key ''). Takes the store's writer lock. Raises ReadOnlyStoreError (a
         PermissionError) for a read-only store."""
+        if store.read_only:
+            raise ReadOnlyStoreError(f"the stats history: the store at {store.root} is opened read-only")
         key = server_key(store)
-        with store.write_side_tables() as conn:
+        db = self._database(store)
+        db.migrate()
+        with store.exclusive(), db.engine.begin() as conn:
             if not rows:
                 return
             if key and key not in self._adopted:  # concurrent first samples: one server takes them
@@ -98,7 +127,7 @@ class HistoryTable:
              limit: int | None = None, every_server: bool = False) -> list[dict]:
         """This server's samples in time order: the newest ``limit`` of those taken in [since,
         until]. ``every_server``: every server's, each row with its ``server`` key (a rebuild
-        carries them over)."""
+        carries them over). Nothing where the API has not made its table yet."""
         columns = (*COLUMNS, "server") if every_server else COLUMNS
         stmt = select(*(stats_history.c[name] for name in columns))
         if not every_server:
@@ -110,7 +139,10 @@ class HistoryTable:
         stmt = stmt.order_by(stats_history.c.id.desc())
         if limit is not None:
             stmt = stmt.limit(limit)
-        with store.read_side_tables() as conn:
+        db = self._database(store)
+        with db.engine.connect() as conn:
+            if not db.has_tables(conn):
+                return []
             rows = [dict(r) for r in conn.execute(stmt).mappings()]
         rows.reverse()
         return rows

@@ -1,9 +1,10 @@
-"""The stats history table: the management API's own table, kept in the store's index file.
+"""The stats history table: the management API's own table, kept in the store's index database.
 
-Invariants: the API alone reads and writes it (chunkstore/api/history.py, through ChunkStore's side-table
-connections), the disk tier never does; its migrations (alembic/versions/0002, 0003, 0007) are its own,
-in the index's one linear alembic history; these definitions match the newest of them
-(tests/test_schema.py compares them). Imports nothing but SQLAlchemy, so alembic's env.py can load it.
+Invariants: the API alone reads and writes it (chunkstore/api/history.py, through its own
+connections: history_db.py), the disk tier never does; its migrations are the API's own
+(chunkstore/api/migrations/, versioned in API_VERSION_TABLE apart from the disk tier's); these
+definitions match the newest of them (tests/test_schema.py compares them). Imports nothing but
+SQLAlchemy, so the API's alembic env.py can load it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Stri
 WideInteger = Integer().with_variant(BigInteger(), "postgresql")
 
 metadata = MetaData()
+API_VERSION_TABLE = "api_alembic_version"  # the API's own revision, beside the disk tier's alembic_version
 
 # One row per sample of the cache's figures (chunkstore/api/history.py writes and bounds it). Memory-tier and
 # lookup columns are NULL for an offline store. Counters are cumulative since ``uptime_s`` began,

@@ -169,12 +169,16 @@ class JobRunner:
             return report
 
     def _run_rebuild(self, job: Job):
-        with self.backend.using_store() as store:  # the history lives in the index: carry it over,
-            kept = self.history.read(store, every_server=True)  # every server's (a tier's rebuild drops them all)
+        with self.backend.using_store() as store:  # the history lives in the index's database: carry
+            kept = self.history.read(store, every_server=True)  # it over, every server's
+        self.history.close()  # a rebuilt SQLite index is a new file: connect to it afresh after
         report = self.backend.rebuild(self._progress(job))
+        self.history.close()  # (and any connection a sample made before the rebuild began)
         try:
             with self.backend.using_store(write=True) as store:
-                self.history.append(store, kept)
+                # A PostgreSQL index keeps the API's tables through a rebuild; a SQLite one is new.
+                if not self.history.read(store, every_server=True, limit=1):
+                    self.history.append(store, kept)
         except Exception as exc:
             log.warning("the stats history could not be carried over the rebuild: %r", exc)
         return report

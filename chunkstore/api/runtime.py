@@ -13,6 +13,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from chunkstore.api.backend.base import AdminBackend, BackendError
 from chunkstore.api.history import HistorySampler, HistoryTable
 from chunkstore.api.jobs import JobRunner
@@ -38,6 +40,7 @@ class AdminRuntime:
         self.allowed_hosts = allowed_host_names(settings)
         self.host_rule = HostRule.of(self.allowed_hosts)
         self.history = HistoryTable(settings.history_max_rows)
+        self._prepare_history()
         self.sampler = HistorySampler(backend, self.history, settings.history_interval_s)
         self.jobs = JobRunner(backend, self.history, keep=settings.job_history)
         self.metrics = AdminMetrics(backend)
@@ -50,6 +53,18 @@ class AdminRuntime:
             log.info("generated an admin token into %s (mode 0600)", self.token.path)
         elif self.token.path is not None:
             log.info("admin token: %s", self.token.path)
+
+    def _prepare_history(self) -> None:
+        """The API's tables in the store's index database, made or upgraded as the API starts (a
+        store that cannot be written, or none, is left to the sampler, which skips it)."""
+        try:
+            with self.backend.using_store(write=True) as store:
+                self.history.prepare(store)
+        except (BackendError, PermissionError):
+            return
+        except SQLAlchemyError as exc:
+            log.warning("the stats history's table could not be made ready (samples are skipped until it is): %s",
+                        exc)
 
     @property
     def token_path(self) -> Path | None:
@@ -89,3 +104,4 @@ class AdminRuntime:
         self.closing.set()
         self.sampler.stop()
         self.jobs.close()
+        self.history.close()

@@ -339,14 +339,14 @@ class PostgresDialect:
         conn.exec_driver_sql(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
 
     def drop(self) -> None:
-        """The index's tables, and the management API's (they share its alembic history); the
-        database stays."""
+        """The index's tables (the disk tier's: the management API's own tables, under their own
+        version table, stay with their rows); the database stays."""
         from chunkstore.disk.schema import metadata
 
         engine = create_engine(self.url)
         try:
             with engine.begin() as conn:
-                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {migrations.VERSION_TABLE}, stats_history")
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {migrations.VERSION_TABLE}")
                 metadata.drop_all(conn)
                 conn.exec_driver_sql("DROP FUNCTION IF EXISTS chunks_usage_insert(), chunks_usage_delete()")
         finally:

@@ -3,8 +3,9 @@
 Invariant: these definitions match the newest migration; tests/test_schema.py compares them.
 Per-namespace usage is kept by triggers on ``chunks`` (SQLite's, or PL/pgSQL on PostgreSQL), so it
 can never drift from the rows.
-Only the disk tier's tables are here: the index file also holds the management API's own
-``stats_history`` (chunkstore/api/history_schema.py, its own migrations in the same alembic history).
+Only the disk tier's tables are here: the index database also holds the management API's own
+``stats_history`` (chunkstore/api/history_schema.py), which the API makes and migrates itself
+(chunkstore/api/migrations, its own version table).
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
-from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from chunkstore.disk.codec import Codec
@@ -87,12 +86,12 @@ __all__ = [
 MUTATING_METHODS = (
     "put", "evict", "delete", "delete_namespace", "pin", "unpin", "set_quota",
     "adopt", "quarantine", "sweep", "drop_missing", "remove_leftover_temps", "purge_quarantine", "checkpoint",
-    "write_side_tables", "shred_namespace", "rotate_seal_key",
+    "shred_namespace", "rotate_seal_key",
 )
 READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
-    "namespace_usage", "quota", "exclusive", "read_side_tables", "map_workers", "lapsed_claims", "claimed_keys",
+    "namespace_usage", "quota", "exclusive", "map_workers", "lapsed_claims", "claimed_keys",
     "namespace_keys",
 )
 
@@ -185,6 +184,8 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
             self.payloads = ChunkFiles(self.root, durability, direct_reads) if payloads is None else payloads
             self.shared = self.payloads.shared_name is not None
             url = index_url or sqlite_url(self.root)
+            # Where the index is (a SQLAlchemy URL): the management API keeps its own tables there.
+            self.index_url = url
             if not read_only:
                 self.payloads.create()
                 self.payloads.remove_leftovers()
@@ -527,24 +528,6 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         """``fn`` over ``items`` on the store's worker threads, results in order (maintenance
         verifies files in parallel; zstd, xxhash and file reads release the GIL)."""
         return list(self._pool.map(fn, items))
-
-    # -- the index file's side tables (the management API's stats history) ------------------
-
-    @contextlib.contextmanager
-    def read_side_tables(self) -> Iterator[Connection]:
-        """A read connection to the index file, for tables that other parts own there (they
-        create them in their own migrations of the same alembic history; never the disk tier's
-        tables, which only this store changes)."""
-        with self._index.engine.connect() as conn:
-            yield conn
-
-    @_mutation
-    @contextlib.contextmanager
-    def write_side_tables(self) -> Iterator[Connection]:
-        """A write transaction on the index file for another part's own tables (see
-        ``read_side_tables``), under the writer lock; committed when the block ends."""
-        with self._index.write_lock, self._index.engine.begin() as conn:
-            yield conn
 
     def flush(self) -> None:
         """Write buffered access times and counters to the index. Raises sqlalchemy's DBAPIError

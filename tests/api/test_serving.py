@@ -84,29 +84,40 @@ def test_no_serving_figures_for_a_namespace_token(cache_server):
 
 
 def test_history_from_before_migration_0003_reads_as_null(tmp_path):
-    """Samples written by an index at revision 0002 survive the upgrade with null serving figures."""
-    from alembic import command
+    """Samples written by an index whose stats history the disk tier's revision 0002 made (before
+    the serving figures and the server key) are adopted by the API's own migration: they read
+    with null serving figures, under the key ''."""
     from sqlalchemy import create_engine, text
 
-    from chunkstore.api.history import HistoryTable
     from chunkstore import ChunkStore
-    from chunkstore.disk import migrations
+    from chunkstore.api.history import HistoryTable
     from tests.helpers import TINY
 
     root = tmp_path / "store"
     with ChunkStore(root, TINY):
         pass
-    (root / "index.db").unlink()
-    for extra in ("index.db-wal", "index.db-shm"):
-        (root / extra).unlink(missing_ok=True)
     engine = create_engine(f"sqlite:///{root / 'index.db'}")
-    with engine.begin() as conn:
-        cfg = migrations._config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0002")
+    with engine.begin() as conn:  # the table as revision 0002 made it
+        figures = ", ".join(f"{name} INTEGER" for name in FIGURES_0002)
+        conn.execute(text(f"CREATE TABLE stats_history (id INTEGER NOT NULL PRIMARY KEY, sampled_at FLOAT NOT NULL, "
+                          f"uptime_s FLOAT NOT NULL, {figures})"))
+        conn.execute(text("CREATE INDEX ix_stats_history_sampled_at ON stats_history (sampled_at)"))
         conn.execute(text("INSERT INTO stats_history (sampled_at, uptime_s, lookups) VALUES (1.0, 2.0, 3)"))
     engine.dispose()
     with ChunkStore(root, TINY) as store:
-        rows = HistoryTable(10).read(store)
-    assert len(rows) == 1 and rows[0]["lookups"] == 3
+        table = HistoryTable(10)
+        assert table.read(store) == []  # not the API's yet
+        table.prepare(store)
+        rows = table.read(store, every_server=True)
+        table.close()
+    assert len(rows) == 1 and rows[0]["lookups"] == 3 and rows[0]["server"] == ""
     assert rows[0]["requests_total"] is None and rows[0]["ttft_sum_s"] is None
+
+
+FIGURES_0002 = (
+    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
+    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
+    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
+    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
+    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
+)
