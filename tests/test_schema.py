@@ -169,14 +169,14 @@ def test_the_api_adopts_a_stats_history_the_disk_tiers_old_revisions_made(tmp_pa
     adds the key ('' for the rows before), its index, and on PostgreSQL widens the integers."""
     from sqlalchemy import insert, select
 
-    from chunkstore.api.history_schema import stats_history
+    from chunkstore.api.history_schema import STATS_HISTORY_FIGURES, stats_history  # 0002 made these figures
 
     url = f"sqlite:///{tmp_path / 'index.db'}" if dialect == "sqlite" else request.getfixturevalue("postgres_url")
     ChunkIndex(url).close()
     engine = create_engine(url)
     try:
         with engine.begin() as conn:  # the table as 0002 and 0003 made it, with a sample
-            figures = ", ".join(f"{name} INTEGER" for name in _FIGURES_0002)
+            figures = ", ".join(f"{name} INTEGER" for name in STATS_HISTORY_FIGURES)
             id_column = "id INTEGER NOT NULL PRIMARY KEY" if dialect == "sqlite" else "id SERIAL PRIMARY KEY"
             conn.execute(text(f"CREATE TABLE stats_history ({id_column}, sampled_at FLOAT NOT NULL, "
                               f"uptime_s FLOAT NOT NULL, {figures}, requests_total INTEGER, "
@@ -197,11 +197,3 @@ def test_the_api_adopts_a_stats_history_the_disk_tiers_old_revisions_made(tmp_pa
     finally:
         engine.dispose()
 
-
-_FIGURES_0002 = (
-    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
-    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
-    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
-    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
-    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
-)

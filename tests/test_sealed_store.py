@@ -18,6 +18,7 @@ from chunkstore import ChunkStore, ModelIdentity, chain_pages
 from chunkstore.disk import keyring as keyring_mod
 from chunkstore.disk import maintenance
 from chunkstore.disk.keyring import SEAL_META
+from chunkstore.disk.payloads import PayloadsUnavailable
 from chunkstore.disk.seal_keys import (ENV_KEY, EnvKeyProvider, FileKeyProvider, MasterKey, SealKeyError, key_text,
                                        seal_key_provider, write_key_file)
 from chunkstore.disk.sealing import PREAMBLE_BYTES, SEAL_MAGIC
@@ -353,7 +354,10 @@ def test_a_server_left_on_a_rotated_key_keeps_the_keys_it_opened(tmp_path, seale
     assert all(same_bytes(t, w) for t, w in zip(other.get(pages), tensors))
     b = chain_pages(TINY, [7] * TINY.page_size * 2, namespace="tenant-b")
     assert other.get(b) == [None, None]  # a namespace it never opened: a miss until it restarts with the new key
+    with pytest.raises(PayloadsUnavailable, match="could not be read"):  # nothing concluded of its chunks:
+        maintenance.verify(other)  # a verify stops, it does not call them forged
     other.close()
+    assert store.stats().quarantined == 0
 
 
 def test_keys_found_by_their_id_are_looked_up_again_after_a_shred_elsewhere(tmp_path, sealed, key, monkeypatch):

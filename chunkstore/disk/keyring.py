@@ -294,9 +294,10 @@ class Keyring:
     def open(self, name: bytes, data: memoryview, namespace: str | None = None) -> tuple[memoryview, NamespaceKeys]:
         """The chunk file in the sealed payload ``data`` of ``name``, and the keys it opened with
         (those of ``namespace`` when given, else those its key id names). Raises
-        AuthenticationError."""
+        AuthenticationError; SealKeyError when the keys' row does not open with this master key
+        (then nothing is known of the chunk: a rotated key, or an altered row)."""
         key_id = sealed_key_id(data)
-        keys = self.usable_keys(namespace) if namespace is not None else self.keys_by_id(key_id)
+        keys = self.keys_for(namespace) if namespace is not None else self.keys_by_id(key_id)
         if keys is None:
             raise AuthenticationError(f"sealed under key id {key_id.hex()}, which this store does not hold "
                                       "(a shredded namespace's, or forged)")

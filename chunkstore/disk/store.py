@@ -16,7 +16,9 @@ Two seams stand for another backend: the index is reached through its URL (``ind
 file in the store's folder by default) and the payloads through a PayloadStore (``payloads``: the
 folder tree of files.py by default). The store chooses, once, the protocol its payloads need, and
 is the only place that knows whether its tier is shared: FolderProtocol (protocol.py) when only it
-writes them, SharedProtocol (shared_protocol.py, sweep.py) when other servers do. The other
+writes them, SharedProtocol (shared_protocol.py, sweep.py) when other servers do. It also chooses,
+once, whether it is sealed (keyring.py: with a master key every chunk is sealed and named by its
+namespace's keys; store_sealing.py: list, shred, rotate). The other
 parts: index_reads.py (the read view of the index), store_eviction.py (evict, delete, pins,
 quotas), store_folder.py (store.json, the lock, ``store_root``, the index's claim), page_io.py
 (pages to payloads and back, verified), eviction.py (the plans), results.py (what it returns).
@@ -47,8 +49,6 @@ from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.index import COUNTER_FLUSH_S, ChunkIndex, ChunkRow, drop_index, sqlite_url
 from chunkstore.disk.index_reads import IndexReads
 from chunkstore.disk.read_only import mutation as _mutation
-from chunkstore.disk.store_eviction import EvictionOps
-from chunkstore.disk.store_sealing import SealOps
 from chunkstore.disk.keyring import Sealing, carry_seal_state, open_sealing
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
 from chunkstore.disk.page_io import PageLoader, page_arrays, torch_dtypes
@@ -62,6 +62,8 @@ from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_
                                           warn_if_not_private)
 from chunkstore.disk.seal_keys import KeyProvider
 from chunkstore.disk.security_events import SecurityEvents
+from chunkstore.disk.store_eviction import EvictionOps
+from chunkstore.disk.store_sealing import SealOps
 from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures
 from chunkstore.priority import ThreadPriority, lower_this_thread
 
@@ -124,7 +126,9 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
     file, or a PostgreSQL database, which the store claims: another store's folder or model is
     refused with ModelMismatchError), ``index_factory`` opens it (``ChunkIndex``'s signature: tests pass one whose commits
     fail); ``payloads`` holds the chunk files (default: the folder tree under ``path``, made with
-    ``durability`` and ``direct_reads``, which a PayloadStore passed in brings its own of). The
+    ``durability`` and ``direct_reads``, which a PayloadStore passed in brings its own of);
+    ``seal_key`` the master key of a sealed store (seal_keys.py; None: unsealed; opening refuses a
+    sealed store without its key, another key, or a key for unsealed chunks: SealKeyError). The
     index is the store's own: callers use the store's methods, which keep its rules (file, then
     row; row, then file; the read-only guard). ``payloads`` is public for reading (listing,
     existence); every change to it goes through the store's methods too.
@@ -299,9 +303,9 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         index is updated under the writer lock (protocol.py, shared_protocol.py). A page that
         cannot be written (disk full, over capacity or quota) is listed in ``failed`` and leaves
         nothing visible. The result names pages by their keys as given (a sealed store stores
-        them under names of its own: ``sealing``). Raises ValueError for a page of the wrong
-        shape, dtype or token count, ReadOnlyStoreError, SealKeyError (a sealed store whose key
-        cannot make a new namespace's keys).
+        them under names of its own: ``sealing``; a page whose namespace has no usable seal key
+        fails). Raises ValueError for a page of the wrong shape, dtype or token count,
+        ReadOnlyStoreError.
         """
         if len(pages) != len(tensors):
             raise ValueError(f"{len(pages)} pages but {len(tensors)} tensors")

@@ -12,20 +12,15 @@ from chunkstore.api import CacheBackend, StoreBackend, create_app
 from chunkstore.cache.tiered import TieredCache
 from tests.cache.test_tiered import make_config
 from tests.helpers import TINY
-from tests.helpers.api import Served, decode_tokens, fill_store, live_server, settings, warm
+from tests.helpers.api import Served, decode_tokens, fill_store, live_server, served_store, settings, warm
 
 
 @pytest.fixture
 def store_server(tmp_path) -> Iterator[Served]:
     root = tmp_path / "store"
     pages, other = fill_store(root)
-    backend = StoreBackend(root)
-    app = create_app(backend, settings())
-    try:
-        with live_server(app) as url:
-            yield Served(url, root, backend, app, pages, other)
-    finally:
-        backend.close()
+    with served_store(StoreBackend(root), root, pages, other) as served:
+        yield served
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from chunkstore import ChunkStore, chain_pages
-from chunkstore.api import StoreBackend, create_app
+from chunkstore.api import StoreBackend
 from chunkstore.disk import FileKeyProvider, write_key_file
 from tests.helpers import TINY, kv_pages
-from tests.helpers.api import TENANT, Served, decode_tokens, live_server, settings
+from tests.helpers.api import TENANT, Served, decode_tokens, served_store
 
 
 @pytest.fixture
@@ -26,13 +26,8 @@ def sealed_server(tmp_path) -> Iterator[Served]:
     other = chain_pages(TINY, list(range(TINY.page_size * 2)), namespace="other")
     with ChunkStore(root, TINY, seal_key=key) as s:
         assert s.put(pages, kv_pages(TINY, 4)).ok and s.put(other, kv_pages(TINY, 2, seed=1)).ok
-    backend = StoreBackend(root, seal_key=key, decode=decode_tokens)
-    app = create_app(backend, settings())
-    try:
-        with live_server(app) as url:
-            yield Served(url, root, backend, app, pages, other)
-    finally:
-        backend.close()
+    with served_store(StoreBackend(root, seal_key=key, decode=decode_tokens), root, pages, other) as served:
+        yield served
 
 
 def _stored_name(served: Served, page) -> str:

@@ -91,6 +91,7 @@ def test_history_from_before_migration_0003_reads_as_null(tmp_path):
 
     from chunkstore import ChunkStore
     from chunkstore.api.history import HistoryTable
+    from chunkstore.api.history_schema import STATS_HISTORY_FIGURES  # the figures 0002 made
     from tests.helpers import TINY
 
     root = tmp_path / "store"
@@ -98,7 +99,7 @@ def test_history_from_before_migration_0003_reads_as_null(tmp_path):
         pass
     engine = create_engine(f"sqlite:///{root / 'index.db'}")
     with engine.begin() as conn:  # the table as revision 0002 made it
-        figures = ", ".join(f"{name} INTEGER" for name in FIGURES_0002)
+        figures = ", ".join(f"{name} INTEGER" for name in STATS_HISTORY_FIGURES)
         conn.execute(text(f"CREATE TABLE stats_history (id INTEGER NOT NULL PRIMARY KEY, sampled_at FLOAT NOT NULL, "
                           f"uptime_s FLOAT NOT NULL, {figures})"))
         conn.execute(text("CREATE INDEX ix_stats_history_sampled_at ON stats_history (sampled_at)"))
@@ -113,11 +114,3 @@ def test_history_from_before_migration_0003_reads_as_null(tmp_path):
     assert len(rows) == 1 and rows[0]["lookups"] == 3 and rows[0]["server"] == ""
     assert rows[0]["requests_total"] is None and rows[0]["ttft_sum_s"] is None
 
-
-FIGURES_0002 = (
-    "device_used_bytes", "device_capacity_bytes", "host_used_bytes", "host_capacity_bytes",
-    "disk_stored_bytes", "disk_raw_bytes", "disk_capacity_bytes", "disk_chunks",
-    "lookups", "lookup_tokens", "hit_tokens_device", "hit_tokens_host", "hit_tokens_disk",
-    "bytes_device_to_host", "bytes_host_to_disk", "bytes_disk_to_host", "bytes_host_to_device",
-    "evicted_device_pages", "evicted_host_pages", "disk_evictions", "disk_hits", "disk_misses",
-)

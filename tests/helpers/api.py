@@ -135,6 +135,19 @@ class Served:
         return client(self.url, token, **headers)
 
 
+@contextmanager
+def served_store(backend, root: Path, pages: list[PageRef], other: list[PageRef]) -> Iterator[Served]:
+    """The API over a StoreBackend, live on loopback; the backend is closed at the end."""
+    from chunkstore.api import create_app
+
+    app = create_app(backend, settings())
+    try:
+        with live_server(app) as url:
+            yield Served(url, root, backend, app, pages, other)
+    finally:
+        backend.close()
+
+
 def settings(**overrides) -> AdminSettings:
     values = dict(token=ADMIN, namespace_tokens=(f"other={TENANT}",), **FAST)
     values.update(overrides)
