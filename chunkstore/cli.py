@@ -140,20 +140,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
                        f"quota {quota}, hits {n.hits}, misses {n.misses}")
         return [indent + line for line in out]
 
-    def lines(doc) -> list[str]:
-        out = store_lines(doc["stats"])
-        if doc["models"]:
-            out = [f"model {model_id} (the data folder's own store)"] + store_lines(doc["stats"], "  ")
-        for other in doc["models"]:
+    def lines(_) -> list[str]:
+        if not others:
+            return store_lines(stats)
+        out = [f"model {model_id} (the data folder's own store)"] + store_lines(stats, "  ")
+        for other in others:
             out += [f"model {other['model_id']} in {other['path']}"] + store_lines(other["stats"], "  ")
         return out
 
     # The JSON keeps the folder's own store's figures at the top, as before; other models' under "models".
-    doc = {"stats": stats, "models": others}
-    if args.json:
-        print(json.dumps(_jsonable({**_jsonable(stats), "models": others}), indent=2, sort_keys=True))
-    else:
-        print("\n".join(lines(doc)))
+    _emit(args, {**_jsonable(stats), "models": others}, lines)
     return 0
 
 

@@ -170,6 +170,7 @@ class Keyring:
         self._lock = threading.Lock()
         # namespace -> (its keys, or None: it has none; when looked up)
         self._by_namespace: dict[str, tuple[NamespaceKeys | None, float]] = {}
+        self._namespace_of: dict[bytes, str] = {}  # key id -> its namespace, for the keys cached above
         self._warned: dict[str, float] = {}  # namespace -> when its unusable key row was last logged
 
     @property
@@ -194,8 +195,17 @@ class Keyring:
 
     def _remember(self, namespace: str, keys: NamespaceKeys | None) -> NamespaceKeys | None:
         with self._lock:
+            self._drop(namespace)
             self._by_namespace[namespace] = (keys, time.monotonic())
+            if keys is not None:
+                self._namespace_of[keys.key_id] = namespace
         return keys
+
+    def _drop(self, namespace: str) -> None:
+        """Forget ``namespace``'s cached keys (under ``_lock``)."""
+        old = self._by_namespace.pop(namespace, None)
+        if old is not None and old[0] is not None:
+            self._namespace_of.pop(old[0].key_id, None)
 
     def _from_row(self, namespace: str, row, cached: NamespaceKeys | None) -> NamespaceKeys | None:
         """The keys ``row`` holds: the cached ones while its key id is theirs (so a server left on a
@@ -227,8 +237,9 @@ class Keyring:
         """The keys whose id is ``key_id`` (a chunk's, read without its row: a rebuild, an orphan),
         looked up again as ``keys_for``'s; None when no namespace has them (shredded, or forged)."""
         with self._lock:
-            found = next(((ns, keys, at) for ns, (keys, at) in self._by_namespace.items()
-                          if keys is not None and keys.key_id == key_id), None)
+            ns = self._namespace_of.get(key_id)
+            entry = self._by_namespace.get(ns) if ns is not None else None
+            found = (ns, entry[0], entry[1]) if entry is not None and entry[0] is not None else None
         if found is not None and time.monotonic() - found[2] < KEY_RECHECK_S:
             return found[1]
         row = self.table.row_by_key_id(key_id)
@@ -257,7 +268,7 @@ class Keyring:
 
     def forget(self, namespace: str) -> None:
         with self._lock:
-            self._by_namespace.pop(namespace, None)
+            self._drop(namespace)
 
     # -- what the store calls --------------------------------------------------------------
 

@@ -9,6 +9,7 @@ methods; an unsealed store refuses shred and rotate with ValueError.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,9 +54,7 @@ class SealOps:
 
     sealing: Sealing
     _index: ChunkIndex
-
-    def delete_namespace(self, namespace: str) -> EvictResult:  # EvictionOps'
-        raise NotImplementedError
+    delete_namespace: Callable[[str], EvictResult]  # EvictionOps'
 
     @property
     def is_sealed(self) -> bool:
