@@ -140,3 +140,47 @@ def test_one_statement_lookups_leave_the_pool_transactional(postgres_url):
         assert index.present(keys) == set(keys)
     finally:
         index.close()
+
+
+def test_a_write_chosen_as_a_deadlocks_victim_runs_again(postgres_url):
+    """Two servers' transactions that lock the same rows in opposite orders deadlock, and
+    PostgreSQL rolls one back. Here the index is that one: its delete first writes a buffered
+    hit on row y (locking it), then waits for row x, which another server's transaction holds
+    while it waits for y. The index's delete runs again once the other commits, and deletes x."""
+    import threading
+    import time
+
+    x, y = bytes([1]) * 32, bytes([2]) * 32
+    index = ChunkIndex(postgres_url)
+    other = create_engine(postgres_url)
+    errors: list[BaseException] = []
+    try:
+        index.insert([ChunkRow(k, b"\0" * 32, "ns", 4, 10, 10, 1.0, 1.0) for k in (x, y)])
+        with other.connect() as holder, other.connect() as watcher:
+            holder.exec_driver_sql("BEGIN")
+            holder.exec_driver_sql("SELECT key FROM chunks WHERE key = %(k)s FOR UPDATE", {"k": x})
+
+            def the_other_server() -> None:
+                try:
+                    deadline = time.monotonic() + 30
+                    waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    while not watcher.exec_driver_sql(waiting).scalar():  # the index waits for x
+                        assert time.monotonic() < deadline, "the index's delete never waited for the row"
+                        time.sleep(0.02)
+                    holder.exec_driver_sql("UPDATE chunks SET hit_count = hit_count + 1 WHERE key = %(k)s", {"k": y})
+                    holder.exec_driver_sql("COMMIT")
+                except BaseException as e:  # the test's thread reports it below
+                    errors.append(e)
+
+            thread = threading.Thread(target=the_other_server)
+            thread.start()
+            index.touch([y])  # written first by the next write transaction
+            deleted = index.delete([x])
+            thread.join(60)
+        assert errors == []
+        assert deleted == 1
+        assert index.conflicts_retried == 1
+        assert index.present([x, y]) == {y}
+    finally:
+        other.dispose()
+        index.close()

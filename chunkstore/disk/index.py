@@ -16,13 +16,18 @@ read by a shared tier's stats) are buffered and written with write transactions 
 index is the store's own (ChunkStore._index): other parts call the store's methods. The database file is
 created 0600 before SQLite opens it (SQLite gives the -wal and -shm files the main file's mode),
 and a writer makes existing index files 0600. What SQLite and PostgreSQL do differently is one
-object's (``self.dialect``, index_dialect.py): no method here asks which database it is on.
+object's (``self.dialect``, index_dialect.py): no method here asks which database it is on. Each
+write method is one transaction; one that PostgreSQL rolls back for another's sake (a deadlock
+between servers) runs again (``_retried_on_conflict``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -64,6 +69,32 @@ SERVER_WRITE_INTERVAL_S = 5.0
 COUNTER_FLUSH_S = 5.0
 SERVER_PRUNE_S = 7 * 86400.0  # a server's row not written for this long is deleted (at most hourly)
 _SERVER_PRUNE_EVERY_S = 3600.0
+# A write transaction PostgreSQL rolls back for another's sake (a deadlock's victim: two servers'
+# transactions took row locks in opposite orders) runs again, up to this many times in all, after
+# a random pause of up to CONFLICT_PAUSE_S doubling each time; then the error reaches the caller.
+CONFLICT_ATTEMPTS = 5
+CONFLICT_PAUSE_S = 0.01
+log = logging.getLogger(__name__)
+
+
+def _retried_on_conflict(method):
+    """Run an index write again when its database rolled it back for another transaction's sake.
+    Safe for every method it wraps: each is one transaction of its own, and nothing of a rolled
+    back one was written (its buffered counters went back to the buffer)."""
+    @functools.wraps(method)
+    def run(self: ChunkIndex, *args, **kwargs):
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return method(self, *args, **kwargs)
+            except DBAPIError as e:
+                if attempt == CONFLICT_ATTEMPTS or not self.dialect.lost_a_conflict(e):
+                    raise
+                self.conflicts_retried += 1
+                log.debug("index %s: %s rolled back by a conflict (%s); attempt %d of %d",
+                          self.dialect.name_shown, method.__name__, e.orig, attempt + 1, CONFLICT_ATTEMPTS)
+                time.sleep(random.uniform(0, CONFLICT_PAUSE_S * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")
+    return run
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +248,7 @@ class ChunkIndex:
         # Grows with every committed change to the rows (inserts, deletes, pins, access times): an
         # eviction plan made at one generation is still exact at the same generation.
         self.generation = 0
+        self.conflicts_retried = 0  # write transactions run again after PostgreSQL rolled them back
         with self.engine.begin() as conn:
             revision = migrations.current_revision(conn)
             self.dialect.check_tables(revision, must_have=read_only or must_exist)
@@ -481,6 +513,7 @@ class ChunkIndex:
 
     # -- writes (each takes write_lock) ----------------------------------------------------
 
+    @_retried_on_conflict
     def insert(self, rows: Iterable[ChunkRow]) -> int:
         """Insert rows, ignoring keys already present; returns how many were new (counted from the
         keys the statement returns: an executemany's rowcount is -1 on PostgreSQL)."""
@@ -493,14 +526,16 @@ class ChunkIndex:
         self._count_published(n)
         return n
 
+    @_retried_on_conflict
     def delete(self, keys: Sequence[bytes]) -> int:
         n = 0
         with self._writing() as conn:
-            for batch in batches(list(keys)):
+            for batch in batches(sorted(set(keys))):
                 stmt = chunks.delete().where(chunks.c.key.in_(bindparam("keys", expanding=True)))
                 n += conn.execute(stmt, {"keys": list(batch)}).rowcount
         return n
 
+    @_retried_on_conflict
     def delete_unchanged(self, seen: dict[bytes, float], claim_for: tuple[str, float] | None = None) -> set[bytes]:
         """Delete the rows of ``seen``'s keys that are still the ones seen (``created_at`` as
         given): a row another writer committed since (the chunk evicted and stored again) stays.
@@ -526,6 +561,7 @@ class ChunkIndex:
 
     # -- publish claims (a shared tier: many writers, schema 0005) --------------------------
 
+    @_retried_on_conflict
     def claim(self, keys: Sequence[bytes], writer: str, ttl_s: float, now: float | None = None) -> set[bytes]:
         """Claim ``keys`` for ``writer`` until ``now + ttl_s``: the keys this writer may now upload.
         A key claimed by another writer is left to it unless that claim has lapsed (a dead
@@ -548,6 +584,7 @@ class ChunkIndex:
                                else self.engine.begin()) as conn:
             return self.dialect.claim(conn, ordered, writer, now + ttl_s, now)
 
+    @_retried_on_conflict
     def insert_claimed(self, rows: Sequence[ChunkRow], writer: str) -> set[bytes]:
         """Commit the rows of keys ``writer`` claimed and uploaded: in one transaction, its claims on
         them are deleted and a row inserted for each claim it still held (the row replaces the
@@ -560,11 +597,13 @@ class ChunkIndex:
         self._count_published(added)
         return held
 
+    @_retried_on_conflict
     def release(self, keys: Iterable[bytes], writer: str) -> int:
         """Drop ``writer``'s claims on ``keys`` (a failed upload, or done); returns how many."""
         with self.write_lock, self.engine.begin() as conn:
             return release_in(conn, list(keys), writer)
 
+    @_retried_on_conflict
     def delete_claiming(self, keys: Sequence[bytes], writer: str, ttl_s: float, now: float | None = None) -> int:
         """Delete the rows of ``keys`` and claim the keys for ``writer`` in one transaction (an
         evictor: no other writer may upload a key while its object is being deleted); returns how
@@ -607,6 +646,7 @@ class ChunkIndex:
                 found.update(bytes(k) for k in conn.execute(stmt, {"keys": list(batch)}).scalars())
         return found
 
+    @_retried_on_conflict
     def drop_claims(self, claims: Sequence[tuple[bytes, str]]) -> int:
         """Delete the claims ``(key, writer)`` (the sweeper, once it dealt with their objects)."""
         n = 0
@@ -626,6 +666,7 @@ class ChunkIndex:
         with self.dialect.evictor_lock(self.engine, self.write_lock, timeout_s):
             yield
 
+    @_retried_on_conflict
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:
         n = 0
         with self.write_lock:
@@ -637,6 +678,7 @@ class ChunkIndex:
             self.generation += 1
         return n
 
+    @_retried_on_conflict
     def set_quota(self, namespace: str, quota_bytes: int | None) -> None:
         with self.write_lock, self.engine.begin() as conn:
             if quota_bytes is None:
@@ -684,6 +726,7 @@ class ChunkIndex:
                 return
         self.flush()
 
+    @_retried_on_conflict
     def flush(self) -> None:
         """Write the buffered access times and counters, this server's row included (even with
         nothing to add: its ``last_seen_at`` moves)."""
@@ -750,13 +793,15 @@ class ChunkIndex:
             stmt = (update(chunks).where(chunks.c.key == bindparam("k"))
                     .values(hit_count=chunks.c.hit_count + bindparam("n"),
                             last_access_at=self._greater(chunks.c.last_access_at, bindparam("t"))))
-            conn.execute(stmt, [{"k": k, "n": n, "t": t} for k, (n, t) in touches.items()])
+            # In key order (and counters in name order): two servers' transactions then take these
+            # rows' locks in one order; what still conflicts is run again (_retried_on_conflict).
+            conn.execute(stmt, [{"k": k, "n": n, "t": t} for k, (n, t) in sorted(touches.items())])
         if counts:
             stmt = self._insert(counters).values(namespace=bindparam("ns"), name=bindparam("nm"),
                                                   value=bindparam("v"))
             stmt = stmt.on_conflict_do_update(index_elements=["namespace", "name"],
                                               set_={"value": counters.c.value + stmt.excluded.value})
-            conn.execute(stmt, [{"ns": ns, "nm": nm, "v": v} for (ns, nm), v in counts.items()])
+            conn.execute(stmt, [{"ns": ns, "nm": nm, "v": v} for (ns, nm), v in sorted(counts.items())])
 
     def _greater(self, a, b):
         """The larger of two values (SQLite's two-argument ``max``, PostgreSQL's ``greatest``)."""

@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from chunkstore.disk import migrations
 from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
@@ -122,6 +122,9 @@ def release_in(conn: Connection, keys: Sequence[bytes], writer: str) -> int:
     return n
 
 
+_CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serialization_failure
+
+
 # -- the two dialects ---------------------------------------------------------------------------
 
 class SqliteDialect:
@@ -209,6 +212,11 @@ class SqliteDialect:
     def evictor_lock(self, engine: Engine, write_lock: threading.RLock, timeout_s: float) -> Iterator[None]:
         with write_lock:  # the index's one writer is the tier's one evictor
             yield
+
+    @staticmethod
+    def lost_a_conflict(error: DBAPIError) -> bool:
+        """A transaction this database rolled back for another's sake (none on SQLite: one writer)."""
+        return False
 
     def greater(self, a, b):
         return func.max(a, b)  # SQLite's two-argument max
@@ -324,6 +332,12 @@ class PostgresDialect:
                 yield
             finally:
                 self._evictor.held = False
+
+    @staticmethod
+    def lost_a_conflict(error: DBAPIError) -> bool:
+        """A transaction PostgreSQL rolled back for another's sake: chosen as a deadlock's victim
+        (40P01), or a serialization failure (40001). Nothing of it was committed: run it again."""
+        return getattr(error.orig, "sqlstate", None) in _CONFLICT_SQLSTATES
 
     def greater(self, a, b):
         return func.greatest(a, b)
