@@ -4,10 +4,14 @@ at 1280 and 390 px wide without a console error (screenshots written to SHOTS fo
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
+import uvicorn
 
 from chunkstore.api import AdminSettings, StoreBackend, create_app
 from chunkstore.engine import Engine
@@ -49,6 +53,41 @@ def test_overview_shows_the_tiers_and_live_charts(dashboard, server):
     assert not d.errors
 
 
+def test_every_view_at_both_widths_without_console_errors(dashboard, server):
+    """Before the tests below damage a chunk or clear the store: the screenshots show a healthy one."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for width, height in ((1280, 900), (390, 844)):
+        d = dashboard(width, height).open("overview")
+        with Traffic(server):
+            wait_for_points(d.page, "chart-hit-rate", "chart-throughput")
+            d.page.wait_for_timeout(1500)
+        for view in VIEWS:
+            d.go(view)
+            ready = {"overview": "#overview-tiers .tier", "namespaces": "#namespaces-table table",
+                     "chunks": "#chunk-list tbody tr", "controls": "#controls-usage [data-tier]",
+                     "settings": "#config-form"}[view]
+            d.page.wait_for_selector(ready)
+            if view == "chunks":
+                d.page.click("#chunk-list tbody tr:first-child button.key")
+                d.page.wait_for_selector("#chunk-detail:not([hidden])")
+            if view == "controls":  # the confirmation step of an eviction (a dry run changes nothing)
+                d.page.click("#evict-form button[type=submit]")
+                d.page.wait_for_selector("#evict-preview")
+            d.page.wait_for_timeout(300)
+            if view == "overview":  # the README's screenshot: a healthy store, every table in view
+                assert d.page.locator("#view-overview .warning:visible").count() == 0
+                assert d.page.evaluate("""[...document.querySelectorAll('#view-overview .table-wrap')]
+                    .every(w => w.scrollWidth <= w.clientWidth + 1)"""), f"a table scrolls sideways at {width} px"
+            d.page.screenshot(path=str(SHOTS / f"{view}-{width}.png"), full_page=True)
+        assert not d.errors, d.errors
+        assert d.page.evaluate("document.documentElement.scrollWidth") <= width + 1  # nothing wider than the screen
+    dark = dashboard(1280, 900, color_scheme="dark").open("overview")
+    with Traffic(server):
+        wait_for_points(dark.page, "chart-hit-rate", "chart-throughput")
+    dark.page.screenshot(path=str(SHOTS / "overview-1280-dark.png"), full_page=True)
+    assert not dark.errors, dark.errors
+
+
 def test_the_charts_are_full_from_the_history_alone(dashboard, server):
     """After a restart (or a reload) the charts come from GET /stats/history before any live sample."""
     for _ in range(2):
@@ -61,16 +100,12 @@ def test_the_charts_are_full_from_the_history_alone(dashboard, server):
     assert not d.errors
 
 
-def test_the_charts_are_full_from_the_history_alone_with_the_sampler_running(dashboard, tiny, tmp_path, monkeypatch):
-    """The same, over the server's app run with its lifespan (so the history sampler runs) in a thread."""
-    import threading
-
-    import uvicorn
-
-    monkeypatch.setenv("CHUNKSTORE_ADMIN_HISTORY_INTERVAL_S", "0.3")
+@contextlib.contextmanager
+def serving_in_process(tiny, tmp_path, monkeypatch, history_interval_s: float) -> Iterator[str]:
+    """The server's app run with its lifespan (so the history sampler runs) in a thread; its URL."""
+    monkeypatch.setenv("CHUNKSTORE_ADMIN_HISTORY_INTERVAL_S", str(history_interval_s))
     engine = Engine(tiny, cache_config(tmp_path))
     sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     uv = uvicorn.Server(uvicorn.Config(create_server_app(engine, ServerSettings()), log_level="warning",
                                        lifespan="on", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -79,6 +114,16 @@ def test_the_charts_are_full_from_the_history_alone_with_the_sampler_running(das
         deadline = time.monotonic() + 20
         while not uv.started and time.monotonic() < deadline:
             time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        uv.should_exit = True
+        thread.join(15)
+        engine.close()
+
+
+def test_the_charts_are_full_from_the_history_alone_with_the_sampler_running(dashboard, tiny, tmp_path, monkeypatch):
+    """The same, over the server's app run with its lifespan (so the history sampler runs) in a thread."""
+    with serving_in_process(tiny, tmp_path, monkeypatch, 0.3) as url:
         with httpx.Client(base_url=url, timeout=60) as client:
             for turn in range(3):
                 for _ in range(2):
@@ -92,10 +137,28 @@ def test_the_charts_are_full_from_the_history_alone_with_the_sampler_running(das
         assert "a sample every 0.3 s" in d.page.inner_text("#view-overview")
         assert not d.errors, d.errors
         d.close()
-    finally:
-        uv.should_exit = True
-        thread.join(15)
-        engine.close()
+
+
+def test_requests_before_the_first_sample_are_in_the_charts(dashboard, tiny, tmp_path, monkeypatch):
+    """Two requests in a server's first seconds, before its history's first sample: every sample
+    then holds the same counts, and the charts still show them (measured from the server's start)
+    as the figures above them do, once the history has two samples."""
+    with serving_in_process(tiny, tmp_path, monkeypatch, 3.0) as url:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            for _ in range(2):
+                r = client.post("/v1/completions", json={"prompt": STORY, "max_tokens": 2})
+                assert r.status_code == 200, r.text
+            deadline = time.monotonic() + 30
+            while len(samples := client.get("/api/v1/stats/history").json()["samples"]) < 2:
+                assert time.monotonic() < deadline, "the history took no two samples"
+                time.sleep(0.2)
+        assert samples[0]["requests_total"] == samples[-1]["requests_total"] == 2  # nothing between samples
+        d = dashboard(url=url).open("overview", token=None)
+        wait_for_points(d.page, "chart-hit-rate", "chart-ttft")
+        assert "No lookups" not in d.page.inner_text("#chart-hit-rate")
+        assert "No requests" not in d.page.inner_text("#chart-throughput")
+        assert not d.errors, d.errors
+        d.close()
 
 
 def test_chunk_browser_filters_sorts_and_opens_a_chunk(dashboard, server):
@@ -256,7 +319,9 @@ def test_quarantined_chunks_raise_a_warning_on_the_overview(dashboard, server):
 
 def test_rates_over_time_start_a_new_segment_at_a_restart(dashboard):
     """series.js, in the page: rates between consecutive samples; a counter or uptime going down (a
-    restart), a missing counter (an older server) or an empty denominator give a gap (null)."""
+    restart), a missing counter (an older server) or an empty denominator give a gap (null). A
+    process's first sample, its process started within two sample intervals before it, is measured
+    from that start (every counter 0), after a null point at the start that keeps the gap."""
     d = dashboard().open("overview")
     result = d.page.evaluate("""async () => {
         const s = await import("./webui/js/series.js");
@@ -264,11 +329,16 @@ def test_rates_over_time_start_a_new_segment_at_a_restart(dashboard):
             completion_tokens_total: done, bytes: {}});
         const samples = [sample(0, 10, 100, 50, 0), sample(2, 12, 200, 125, 10), sample(4, 14, 200, 125, 30),
                          sample(6, 1, 40, 20, 5), sample(8, 3, 140, 120, null), sample(10, 5, 240, 170, 15)];
-        return {hit: s.hitRate(samples), tps: s.tokensPerSecond(samples)};
+        // A server's first seconds: its two requests were served before its first sample.
+        const young = [sample(100, 1.5, 10, 5, 3), sample(102, 3.5, 10, 5, 3)];
+        return {hit: s.hitRate(samples), tps: s.tokensPerSecond(samples),
+                youngHit: s.hitRate(young), youngTps: s.tokensPerSecond(young)};
     }""")
-    assert result["hit"]["xs"] == [2, 4, 6, 8, 10]
-    assert result["hit"]["ys"] == [75, None, None, 100, 50]
-    assert result["tps"]["ys"] == [5, 10, None, None, None]
+    assert result["hit"]["xs"] == [2, 4, 5, 6, 8, 10]
+    assert result["hit"]["ys"] == [75, None, None, 50, 100, 50]
+    assert result["tps"]["ys"] == [5, 10, None, 5, None, None]
+    assert result["youngHit"] == {"xs": [100, 102], "ys": [50, None]}
+    assert result["youngTps"] == {"xs": [100, 102], "ys": [2, 0]}
     assert not d.errors
 
 
@@ -312,33 +382,3 @@ def test_the_offline_dashboard_of_chunkstore_admin(dashboard, server):
             assert not d.errors, d.errors
     finally:
         backend.close()
-
-
-def test_every_view_at_both_widths_without_console_errors(dashboard, server):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    for width, height in ((1280, 900), (390, 844)):
-        d = dashboard(width, height).open("overview")
-        with Traffic(server):
-            wait_for_points(d.page, "chart-hit-rate", "chart-throughput")
-            d.page.wait_for_timeout(1500)
-        for view in VIEWS:
-            d.go(view)
-            ready = {"overview": "#overview-tiers .tier", "namespaces": "#namespaces-table table",
-                     "chunks": "#chunk-list tbody tr", "controls": "#controls-usage [data-tier]",
-                     "settings": "#config-form"}[view]
-            d.page.wait_for_selector(ready)
-            if view == "chunks":
-                d.page.click("#chunk-list tbody tr:first-child button.key")
-                d.page.wait_for_selector("#chunk-detail:not([hidden])")
-            if view == "controls":  # the confirmation step of an eviction (a dry run changes nothing)
-                d.page.click("#evict-form button[type=submit]")
-                d.page.wait_for_selector("#evict-preview")
-            d.page.wait_for_timeout(300)
-            d.page.screenshot(path=str(SHOTS / f"{view}-{width}.png"), full_page=True)
-        assert not d.errors, d.errors
-        assert d.page.evaluate("document.documentElement.scrollWidth") <= width + 1  # nothing wider than the screen
-    dark = dashboard(1280, 900, color_scheme="dark").open("overview")
-    with Traffic(server):
-        wait_for_points(dark.page, "chart-hit-rate", "chart-throughput")
-    dark.page.screenshot(path=str(SHOTS / "overview-1280-dark.png"), full_page=True)
-    assert not dark.errors, dark.errors

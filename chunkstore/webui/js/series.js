@@ -1,7 +1,10 @@
 // Time series from cumulative counters: samples of GET /stats/history and snapshots of GET /events are
 // put in one shape, and each chart point is a rate between two consecutive samples. Counters are
 // cumulative within a process, so a sample whose uptime or any counter went down follows a restart:
-// that point is null, which the chart draws as a gap (a new segment), never as a negative rate.
+// that pair is a gap (a new segment), never a negative rate. A process's counters were all 0 when it
+// started (uptime 0): the first sample of a process that started within about two sample intervals
+// before it is also measured from that origin, so what was done before the first sample is drawn
+// (requests made in a server's first seconds are not lost between its samples).
 
 export const PATHS = ["device_to_host", "host_to_disk", "disk_to_host", "host_to_device"];
 
@@ -46,21 +49,61 @@ export function push(samples, sample, max = 5000) {
   if (samples.length > max) samples.splice(0, samples.length - max);
 }
 
+// Without two samples to tell the interval, an origin up to this many seconds before the first counts.
+const DEFAULT_GAP_S = 10;
+
+function typicalGap(samples) {
+  const gaps = [];
+  for (let i = 1; i < samples.length; i++) if (samples[i].t > samples[i - 1].t) gaps.push(samples[i].t - samples[i - 1].t);
+  if (!gaps.length) return DEFAULT_GAP_S;
+  gaps.sort((x, y) => x - y);
+  return gaps[Math.floor(gaps.length / 2)];
+}
+
 /** Rates between consecutive samples: ``pick(sample)`` gives [numerator, denominator] counters, or a
  * denominator of "time" for a per-second rate. Returns {xs, ys} with null where there is no value
- * (a restart, a counter missing or gone down, or nothing in the denominator). */
+ * (a restart, a counter missing or gone down, or nothing in the denominator). A process's first
+ * sample, when its process started shortly before it, is measured from the process's start (all
+ * counters 0); after a restart a null point at that start keeps the gap between the two segments. */
 export function rate(samples, numerator, denominator, scale = 1) {
   const xs = [];
   const ys = [];
-  for (let i = 1; i < samples.length; i++) {
-    const a = samples[i - 1];
-    const b = samples[i];
-    xs.push(b.t);
+  const gap = typicalGap(samples);
+  const value = (a, b) => {
     const n = [numerator(a), numerator(b)];
     const d = denominator === "time" ? [a.t, b.t] : [denominator(a), denominator(b)];
-    const values = [...n, ...d];
-    const restarted = b.uptime < a.uptime || values.some((x) => x === null || x === undefined) || n[1] < n[0] || d[1] < d[0];
-    ys.push(restarted || d[1] === d[0] ? null : ((n[1] - n[0]) / (d[1] - d[0])) * scale);
+    const broken = [...n, ...d].some((x) => x === null || x === undefined) || n[1] < n[0] || d[1] < d[0];
+    return broken || d[1] === d[0] ? null : ((n[1] - n[0]) / (d[1] - d[0])) * scale;
+  };
+  // The origin of ``b``'s process (its counters at 0), when it started recently enough to be drawn.
+  const origin = (b, after) => {
+    if (b.uptime === null || b.uptime === undefined || b.uptime <= 0 || b.uptime > 2 * gap) return null;
+    const t = b.t - b.uptime;
+    if (after !== null && t <= after) return null;
+    const zero = (x) => (x === null || x === undefined ? x : 0);
+    return {t, uptime: 0, lookup_tokens: zero(b.lookup_tokens), hit_tokens: zero(b.hit_tokens),
+            requests_total: zero(b.requests_total), completion_tokens_total: zero(b.completion_tokens_total),
+            ttft_sum_s: zero(b.ttft_sum_s), ttft_count: zero(b.ttft_count),
+            bytes: Object.fromEntries(Object.entries(b.bytes || {}).map(([k, x]) => [k, zero(x)]))};
+  };
+  for (let i = 0; i < samples.length; i++) {
+    const a = i > 0 ? samples[i - 1] : null;
+    const b = samples[i];
+    const restarted = a !== null && b.uptime < a.uptime;
+    if (a !== null && !restarted) {
+      xs.push(b.t);
+      ys.push(value(a, b));
+      continue;
+    }
+    const o = origin(b, a === null ? null : a.t);
+    if (a !== null && o !== null) {
+      xs.push(o.t);  // the gap between the old process's last sample and the new one's start
+      ys.push(null);
+    }
+    if (a !== null || o !== null) {
+      xs.push(b.t);
+      ys.push(o === null ? null : value(o, b));
+    }
   }
   return {xs, ys};
 }

@@ -81,7 +81,8 @@ export function createOverview(section, ctx) {
         h("figure", {}, h("figcaption", {}, "Time to first token (average per interval)"), boxes.ttft),
         h("figure", {}, h("figcaption", {}, "Throughput (completion tokens and requests per second)"), boxes.throughput),
         h("figure", {}, h("figcaption", {}, "Transfers per path (bytes per second)"), boxes.transfers))),
-    h("div", {class: "grid2"}, paths, h("div", {}, queues, evicted)));
+    paths,  // the full width: its seven columns fit at 1280 px without scrolling
+    h("div", {class: "grid2"}, queues, evicted));
 
   let charts = null;
   let samples = [];
