@@ -22,6 +22,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_tiny_fleet_reports_every_configuration_and_figure(tmp_path, capsys, postgres_server, moto_s3):
     out = tmp_path / "fleet.json"
     assert bench.run(parse([*TINY, "--output", str(out)])) == 0
@@ -43,6 +44,7 @@ def test_a_tiny_fleet_reports_every_configuration_and_figure(tmp_path, capsys, p
     assert "shared tier / one server (hit rate)" in table and "publish / raw PUT" in table
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_sealed_tier_is_timed_beside_the_unsealed_one(tmp_path, capsys, postgres_server, moto_s3):
     from chunkstore.disk import write_key_file
 

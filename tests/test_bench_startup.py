@@ -37,6 +37,7 @@ def test_one_run_reports_every_figure_and_leaves_no_server(tmp_path, capsys):
     assert leftover.stdout.strip() == "", "a benchmarked server is still running"
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_server_that_cannot_start_is_an_error_not_a_hang(tmp_path):
     folder = tmp_path / "not-a-folder"
     folder.write_text("a file where the data folder should be")

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -21,6 +23,7 @@ def test_lint_imports_keeps_every_contract():
     assert "0 broken" in done.stdout
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_building_the_server_app_loads_no_admin_code():
     """The server gets the admin app from the composition root (chunkstore.serve), at run time too."""
     code = ("import sys, chunkstore.server.app, chunkstore.server.lifecycle; "
@@ -30,6 +33,7 @@ def test_building_the_server_app_loads_no_admin_code():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_opening_and_migrating_a_store_loads_nothing_above_the_disk_tier(tmp_path):
     """The disk tier runs alembic's env.py whenever it creates or upgrades an index: that must not
     reach up into the API (whose table the same index holds) or the cache, out of the linter's sight."""

@@ -147,6 +147,7 @@ DAMAGES: dict[str, Damage] = {
 }
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.parametrize("kind", list(DAMAGES))
 def test_a_damaged_object_is_a_miss_and_quarantined_in_the_bucket_once(filled, bucket, kind, caplog):
     """test_corruption.py::test_corrupt_file_is_a_miss_and_quarantined, for every kind of damage."""
@@ -171,6 +172,7 @@ def test_a_damaged_object_is_a_miss_for_get_into(filled, bucket, kind):
     assert all(same_bytes(o, t) for o, t, h in zip(outs, tensors, hits) if h)
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.parametrize("kind", list(DAMAGES))
 def test_verify_reports_a_damaged_object_changing_nothing_and_repair_quarantines_it(filled, bucket, kind, caplog):
     """test_corruption.py::test_verify_reports_without_changing_anything, then
@@ -546,6 +548,7 @@ def build_shared(servers: Servers, seed: int) -> ChunkStore:
     return fill_branches(servers.open("a"), seed, lambda times: set_access_times(servers.index_url, times))
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), share=st.floats(0.05, 1.0), ns=st.sampled_from([None, "a"]),
        max_chunks=st.sampled_from([None, 3]), by_age=st.booleans())
@@ -676,6 +679,7 @@ def test_a_quota_set_on_one_server_bounds_another_that_put_in_the_namespace_befo
         assert b.stored_bytes("q") <= 2 * size
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.parametrize("bound", ["capacity", "quota"])
 def test_concurrent_puts_of_two_servers_keep_the_tier_within_its_bound(servers, bound):
     """Two servers put four pages each on a tier with room for six: server a's put has made its

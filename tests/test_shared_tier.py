@@ -221,6 +221,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_writer_killed_mid_publish_never_shows_a_partial_chunk(tmp_path, open_server, moto_s3, bucket_url,
                                                                 postgres_url):
     env = dict(os.environ, PYTHONPATH=os.getcwd())

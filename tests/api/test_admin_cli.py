@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 from chunkstore import ChunkStore
 from chunkstore.cli import main
@@ -53,6 +54,7 @@ def _wait_line(q: "queue.Queue[str]", pattern: str) -> re.Match:
             return m
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_admin_serves_a_store_and_stops_on_sigterm(tmp_path):
     root = tmp_path / "store"
     fill_store(root)

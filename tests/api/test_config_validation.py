@@ -109,6 +109,7 @@ def test_the_offline_store_refuses_a_size_below_one_page(tmp_path):
     ("POST", "/jobs/gc", {"disk_size_bytes": False}, "disk_size_bytes"),
     ("POST", "/jobs/verify", {"repair": "true"}, "repair"),
 ])
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_every_body_takes_numbers_and_booleans_as_json_types_only(store_server, method, path, body, field):
     with store_server.client() as c:
         r = c.request(method, path, json=body)

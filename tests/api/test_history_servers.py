@@ -60,6 +60,7 @@ def rows_per_server(tier: Tier) -> dict[str, int]:
         engine.dispose()
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_each_server_reads_and_trims_only_its_own_history(tier):
     with server(tier, "server-a") as (a, app_a, url_a), server(tier, "server-b") as (b, app_b, url_b):
         with a.using_store() as store_a, b.using_store() as store_b:

@@ -36,6 +36,7 @@ def server(tiny, tmp_path, monkeypatch) -> Iterator[str]:
         engine.close()
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_serving_figures_everywhere(server):
     with httpx.Client(base_url=server, timeout=60) as http:
         before = http.get("/api/v1/stats").json()["serving"]

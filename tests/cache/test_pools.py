@@ -158,6 +158,7 @@ TestAllocatorMachine = AllocatorMachine.TestCase
 TestAllocatorMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.timeout(60)
 def test_threaded_allocate_free_never_shares_a_slot():
     pool = PagePool(LAYOUT, 64)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -335,4 +336,4 @@ class RadixMachine(RuleBasedStateMachine):
 RadixMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
 )
-TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine = pytest.mark.slow(RadixMachine.TestCase)  # several seconds: CI runs it, the fast subset does not

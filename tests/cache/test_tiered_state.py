@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -208,4 +209,4 @@ TieredMachine.TestCase.settings = settings(
     max_examples=50, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-TestTieredMachine = TieredMachine.TestCase
+TestTieredMachine = pytest.mark.slow(TieredMachine.TestCase)  # several seconds: CI runs it, the fast subset does not

@@ -53,6 +53,7 @@ def test_next_turn_hits_the_previous_reply(engine):
     assert second.cached_tokens > len(prompt_ids)
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.parametrize("temperature, seed", [(0.0, 0), (1.0, 1), (2.0, 2)])
 def test_a_preset_generates_text_that_encodes_back_to_its_ids(engine, temperature, seed):
     """The byte tokenizer masks every id but newline, printable ASCII and EOS: a random model would

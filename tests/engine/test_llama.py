@@ -56,6 +56,7 @@ def test_batched_decode_with_padding_matches_transformers():
     assert [kv.get_seq_length() for kv in caches[0]] == [n + 1 for n in lengths]
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_preset_loads_without_transformers_modelling_code():
     code = ("import sys; from chunkstore.engine import load_model; load_model('tiny'); "
             "print(sorted(m for m in ('transformers.modeling_utils', 'transformers.models.llama') if m in sys.modules))")

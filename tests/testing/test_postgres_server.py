@@ -118,6 +118,7 @@ def test_a_long_folder_gets_a_short_socket_folder_removed_on_stop(tmp_path):
     assert not scratch.exists()
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_taken_port_fails_fast_naming_the_log(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -120,6 +120,7 @@ def test_every_daemon_listens_on_127_0_0_1_only(rgw):
         ("tcp", LOOPBACK_HEX)}, addresses
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
 def test_a_stopped_gateway_is_a_connection_error_and_comes_back_with_the_data(rgw, bucket, kill):
     from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -148,6 +149,7 @@ def test_a_stopped_gateway_is_a_connection_error_and_comes_back_with_the_data(rg
         rgw.start_gateway()
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_stop_kills_every_daemon_and_removes_the_scratch_folder(installed, tmp_path):
     folder = tmp_path / ("long-" * 16) / "rgw"  # too long for a socket's path: a scratch folder
     gateway = RadosGateway(folder)
@@ -172,6 +174,7 @@ def test_stop_kills_every_daemon_and_removes_the_scratch_folder(installed, tmp_p
     gateway.stop()  # idempotent
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_new_start_after_stop_is_an_empty_cluster(installed, tmp_path):
     gateway = RadosGateway(tmp_path / "rgw")
     try:
@@ -186,6 +189,7 @@ def test_a_new_start_after_stop_is_an_empty_cluster(installed, tmp_path):
         gateway.stop()
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_taken_port_fails_fast_naming_the_log_and_stops_the_rest(installed, tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -18,10 +18,12 @@ from tests.helpers.webui import CHROMIUM, TOKEN, Dashboard, send_traffic
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Browser tests are `slow`: the fast subset (`-m "not slow"`) leaves them out; CI runs them."""
+    """Tests with a browser or a `chunkstore serve` are `slow`: the fast subset (`-m "not slow"`)
+    leaves them out (the dashboard's file checks stay in it); CI runs them."""
     here = Path(__file__).parent
     for item in items:
-        if here in Path(item.fspath).parents:
+        uses = set(getattr(item, "fixturenames", ()))
+        if here in Path(item.fspath).parents and uses & {"browser", "server", "dashboard"}:
             item.add_marker(pytest.mark.slow)
 
 
