@@ -7,8 +7,10 @@ thread never waits for compression or fsync and memory stays bounded; the thread
 GIL or the index's write lock would stall the engine on a saturated host); a page is visible in
 the store only once ``put`` published it, so a failed write is a miss later, never a partial
 page; ``flush`` waits until everything submitted has been put (or failed, or the thread died);
-``close`` writes what is queued and joins the thread; a ``submit`` after ``close`` raises.
-Thread-safe.
+``close`` writes what is queued and joins the thread; a ``submit`` after ``close`` raises. A page
+submitted is readable at once: until its put ends, ``pending`` hands out the caller's copy (an
+engine that frees its own copy once a save returns finds the page when it asks right after), and
+a put that ends published makes the store answer for it before the copy goes. Thread-safe.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class PageWriter:
         self._queue: deque[_Batch] = deque()
         self._pending_bytes = 0
         self._in_write = 0  # batches taken by the thread and not finished
+        self._copies: dict[bytes, torch.Tensor] = {}  # page key -> its newest submitted copy, until put
         self._changed = threading.Condition()
         self._is_closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -73,7 +76,15 @@ class PageWriter:
                 self._changed.wait(1.0)  # backpressure on the engine's saving thread
             self._queue.append(_Batch(pages, tensors, size))
             self._pending_bytes += size
+            self._copies.update(zip((p.key for p in pages), tensors))
             self._changed.notify_all()
+
+    def pending(self, keys: list[bytes]) -> list[torch.Tensor | None]:
+        """The submitted copy of each page of ``keys`` whose put has not ended, else None (a page
+        already put is the store's to answer for; one that failed is a miss). Read-only: the
+        caller copies out of it."""
+        with self._changed:
+            return [self._copies.get(k) for k in keys]
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted batch is put (published or failed); False on timeout."""
@@ -116,4 +127,7 @@ class PageWriter:
                 with self._changed:
                     self._in_write -= 1
                     self._pending_bytes -= batch.size_bytes
+                    for page, tensor in zip(batch.pages, batch.tensors):
+                        if self._copies.get(page.key) is tensor:  # not a newer submit's copy
+                            del self._copies[page.key]
                     self._changed.notify_all()
