@@ -5,10 +5,13 @@ tests run in the engines' environments)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from chunkstore.disk import StoreSpec, check_folder
-from chunkstore.integrations.settings import extra_dict, store_fields
+from chunkstore.disk.namespaces import check_namespace
+from chunkstore.integrations.settings import extra_dict, parsed, store_fields
 
 WHERE = "kv_connector_extra_config"
 
@@ -36,8 +39,9 @@ def test_a_disk_path_that_cannot_be_a_folder_is_refused_by_name(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder")
     for value, says in [(str(a_file), "is a file, not a folder"), ("/tmp/a\0b", "NUL"),
-                        ("/tmp/" + "x" * 5000, "at most 4095 bytes"), ("/tmp/" + "y" * 300, "at most 255 bytes"),
-                        ("  ", "not empty"), (12, "text")]:
+                        ("/tmp/" + "x" * 5000, "at most 4095 bytes"), ("/tmp/" + "z" * (1 << 20), "at most 4095 bytes"),
+                        ("/tmp/" + "y" * 300, "at most 255 bytes"), ("  ", "not empty"), (12, "text"),
+                        (str(a_file / "kv"), "cannot be made: .*a-file is a file, not a folder")]:
         with pytest.raises(ValueError, match=f"^{WHERE} 'disk_path': .*{says}"):
             store_fields({"disk_path": value}, WHERE)
     assert store_fields({"disk_path": "~/kv"}, WHERE)["disk_path"] == check_folder("~/kv")  # ~ expanded
@@ -51,3 +55,33 @@ def test_an_extra_config_that_is_not_an_object_is_refused_by_name():
     for value in (["disk_path", "/x"], "disk_path=/x", 3):
         with pytest.raises(ValueError, match=f"^{WHERE} must be a JSON object of chunkstore settings, got a "):
             extra_dict(value, WHERE)
+
+
+def test_a_disk_path_that_does_not_exist_yet_is_checked_without_being_made(tmp_path):
+    folder = tmp_path / "new" / "kv"
+    assert store_fields({"disk_path": str(folder)}, WHERE)["disk_path"] == folder
+    assert not (tmp_path / "new").exists()  # checking makes nothing
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may create folders anywhere")
+def test_a_disk_path_in_a_folder_this_process_may_not_write_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        with pytest.raises(ValueError, match=f"^{WHERE} 'disk_path': .*cannot be made: no permission"):
+            store_fields({"disk_path": str(locked / "kv")}, WHERE)
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("value, says", [("../..", "'/'"), ("x" * (1 << 20), "1048576 characters"),
+                                         ("a\0b", "control character"), ("\ud800", "lone surrogate"),
+                                         ("", "empty"), (7, "text")])
+def test_a_namespace_setting_is_refused_naming_the_key_the_value_and_the_rule(value, says):
+    """As SGLang's ``namespace`` key is checked (tests/integrations/test_sglang.py does it there)."""
+    with pytest.raises(ValueError) as caught:
+        parsed(WHERE, "namespace", check_namespace, value)
+    message = str(caught.value)
+    assert message.startswith(f"{WHERE} 'namespace': namespace ") and says in message
+    assert "1-256 characters" in message or says == "text"
+    assert len(message) < 600  # a 1 MB value is cut short, never printed whole

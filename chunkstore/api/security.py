@@ -23,6 +23,7 @@ from pathlib import Path
 
 from chunkstore.api.settings import TOKEN_FILENAME, AdminSettings
 from chunkstore.choices import Choice
+from chunkstore.disk.namespaces import check_namespace
 from chunkstore.http.bearer import DigestRing, token_digest
 from chunkstore.http.hosts import WILDCARD_ADDRESSES, host_name, is_loopback
 
@@ -68,12 +69,18 @@ class TokenRing:
     """The admin token and the namespace tokens, as digests: the namespace tokens given to the API,
     and ``namespace_digests``, (namespace, SHA-256 digest) pairs of tokens kept elsewhere (the API keys
     of `chunkstore serve`'s tenants, so a tenant's key reads its own namespace here too). Raises
-    ValueError when the admin token is also a namespace's token."""
+    ValueError when the admin token is also a namespace's token, or a token's namespace breaks the
+    namespace rule (chunkstore/disk/namespaces.py)."""
 
     def __init__(self, admin_token: str, namespace_tokens: list[tuple[str, str]],
                  namespace_digests: Sequence[tuple[str, bytes]] = ()) -> None:
         admin = token_digest(admin_token)
         scoped = [(token_digest(token), ns) for ns, token in namespace_tokens] + [(d, ns) for ns, d in namespace_digests]
+        for _, ns in scoped:
+            try:
+                check_namespace(ns)
+            except ValueError as exc:
+                raise ValueError(f"a namespace token's namespace cannot be one: {exc}") from None
         clash = [ns for digest, ns in scoped if hmac.compare_digest(digest, admin)]
         if clash:
             raise ValueError(f"the admin token is also the token (or API key) of namespace {clash[0]!r}: "

@@ -8,22 +8,32 @@ file is missing, chunk files without a row (orphans) and leftover temp files, ne
 flight (what it finds is looked at again under the writer lock, or after ``SETTLE_S`` when
 another process may be writing); repair only removes rows whose file is missing, quarantines
 files that fail verification, adopts valid files that have no row and removes leftover temp
-files; rebuild indexes exactly the chunk files that verify. Each walks the store in bounded batches.
+files; rebuild indexes exactly the chunk files that verify, and refuses, before it indexes or
+quarantines anything, a store whose chunks are another model's than its store.json names
+(chunk_owner.py; `check_before_rebuild` asks the same of the unsealed chunks before the index is
+dropped). Each walks the store in bounded batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from sqlalchemy.exc import SQLAlchemyError
+
+from chunkstore.disk.chunk_owner import ForeignChunksError, Ownership, judge
 from chunkstore.disk.eviction import EvictionSelection
 from chunkstore.disk.file_check import FileCheck, FileStatus
-from chunkstore.disk.index import ChunkRow
+from chunkstore.disk.files import ChunkFiles
+from chunkstore.disk.identity import ModelIdentity
+from chunkstore.disk.index import ChunkIndex, ChunkRow, IndexMissingError, sqlite_url
 from chunkstore.disk.payloads import PayloadsUnavailable
 from chunkstore.disk.store import STORE_WIDE, ChunkStore, EvictResult
+from chunkstore.disk.store_spec import StoreSpec
 
 Progress = Callable[[int], None]  # called with the number of items just done
 _BATCH = 64
@@ -206,9 +216,66 @@ def _adopt_orphans(store: ChunkStore, report: VerifyReport) -> None:
         report.quarantined += quarantined
 
 
-def rebuild(store: ChunkStore, progress: Progress | None = None) -> RebuildReport:
+def _refuse_foreign(ownership: Ownership, where: str) -> Ownership:
+    if ownership.is_foreign:
+        raise ForeignChunksError(ownership.refusal(where))
+    return ownership
+
+
+def recorded_identity(spec: StoreSpec) -> ModelIdentity | None:
+    """The model identity the index of the store ``spec`` names records (its first writer's),
+    read before a rebuild drops it; None when there is no index that can be read. Opens the index
+    read-only, as the store cannot open one that another model claims."""
+    try:
+        index = ChunkIndex(spec.index_url or sqlite_url(spec.folder), read_only=True)
+    except (IndexMissingError, SQLAlchemyError, RuntimeError, ValueError, OSError):
+        return None
+    try:
+        held = index.get_meta("identity")
+        return None if held is None else ModelIdentity.from_json(held)
+    except (SQLAlchemyError, ValueError, TypeError):
+        return None
+    finally:
+        index.close()
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildCheck:
+    """What ``check_before_rebuild`` found: whether a chunk of the store's own model was seen (then
+    ``rebuild`` need not judge again), and the other identity the old index records, if any."""
+
+    has_own_chunk: bool
+    recorded: ModelIdentity | None
+
+
+def check_before_rebuild(spec: StoreSpec, identity: ModelIdentity) -> RebuildCheck:
+    """Before a rebuild of the store ``spec`` names drops its index: raise ForeignChunksError,
+    naming both identities, when a sample of its chunks shows them to be another model's than
+    ``identity`` (its store.json's), changing nothing (chunk_owner.py). A sealed store's chunks
+    are judged by ``rebuild`` itself, once the store has opened its keys."""
+    recorded = recorded_identity(spec)
+    candidates = () if recorded is None or recorded == identity else (recorded,)
+    payloads = dataclasses.replace(spec, read_only=True).payloads() or ChunkFiles(spec.folder)
+    try:
+        ownership = _refuse_foreign(judge(payloads, identity, candidates=candidates), payloads.location)
+    finally:
+        payloads.close()
+    return RebuildCheck(ownership.matching > 0, candidates[0] if candidates else None)
+
+
+def rebuild(store: ChunkStore, progress: Progress | None = None, *, force: bool = False,
+            recorded: ModelIdentity | None = None) -> RebuildReport:
     """Index every valid chunk file of a store whose index was just reset (see
-    ChunkStore(reset_index=True)); files that fail verification are quarantined."""
+    ChunkStore(reset_index=True)); files that fail verification are quarantined. Unless ``force``
+    (`rebuild --force`, or ``check_before_rebuild`` saw a chunk of the store's own model), first
+    judges a sample of the chunks (a sealed store's opened with its keys): when they are another
+    model's than the store's identity, raises ForeignChunksError (a ModelMismatchError) naming
+    both (``recorded``: what the old index said, from ``check_before_rebuild``) before anything is
+    indexed or quarantined."""
+    if not force:
+        keys_by_id = store.sealing.keys_by_id if store.sealing.is_sealed else None
+        _refuse_foreign(judge(store.payloads, store.identity, keys_by_id=keys_by_id,
+                              candidates=() if recorded is None else (recorded,)), store.payloads.location)
     report = RebuildReport()
     for batch in _chunked(store.payloads.keys(), _BATCH):
         report.scanned += len(batch)

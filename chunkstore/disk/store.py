@@ -51,6 +51,7 @@ from chunkstore.disk.index_reads import IndexReads
 from chunkstore.disk.read_only import mutation as _mutation
 from chunkstore.disk.keyring import Sealing, carry_seal_state, open_sealing
 from chunkstore.disk.keys import PageRef, encode_tokens, page_key
+from chunkstore.disk.namespaces import check_namespace
 from chunkstore.disk.page_io import PageLoader, page_arrays, torch_dtypes
 from chunkstore.disk.payloads import PayloadStore, PayloadsUnavailable
 from chunkstore.disk.protocol import FolderProtocol, StoreProtocol
@@ -63,6 +64,8 @@ from chunkstore.disk.store_folder import (MODELS_DIRNAME, PRIVATE_MARKER, STORE_
 from chunkstore.disk.seal_keys import KeyProvider
 from chunkstore.disk.security_events import SecurityEvents
 from chunkstore.disk.store_eviction import EvictionOps
+from chunkstore.disk.store_namespaces import NamespaceChecks
+from chunkstore.disk.store_options import StoreOptions
 from chunkstore.disk.store_sealing import SealOps
 from chunkstore.disk.write_health import LOG_INTERVAL_S, WriteFailures
 from chunkstore.priority import ThreadPriority, lower_this_thread
@@ -98,6 +101,12 @@ READING_METHODS = (
 )
 
 
+def _check_namespaces(pages: Sequence[PageRef]) -> None:
+    """Raise NamespaceError (a ValueError) when a page's namespace cannot be one (namespaces.py)."""
+    for namespace in {p.namespace for p in pages}:
+        check_namespace(namespace)
+
+
 def default_num_workers(shared: bool = False) -> int:
     """Threads that compress and write: two per core, as writes block in fsync; a shared tier's at
     least SHARED_WRITE_WORKERS, as its uploads wait on the network."""
@@ -105,13 +114,16 @@ def default_num_workers(shared: bool = False) -> int:
     return max(folder, SHARED_WRITE_WORKERS) if shared else folder
 
 
-class ChunkStore(IndexReads, EvictionOps, SealOps):
+class ChunkStore(NamespaceChecks, IndexReads, EvictionOps, SealOps):
     """A persistent, content-addressed store of KV pages under ``path``.
 
     Thread-safe. ``capacity_bytes`` bounds the stored (compressed) bytes; None means unbounded.
     Raises ModelMismatchError when ``path`` holds another model's store (unless
-    ``allow_other_models``: keys bind the identity, so models never share chunks) and
-    StoreBusyError when another process is writing it. ``direct_reads`` reads chunk files around
+    ``allow_other_models``: keys bind the identity, so models never share chunks),
+    StoreBusyError when another process is writing it, and ValueError naming an option it cannot
+    use and the value given (store_options.py), before anything opens. Every method that takes a
+    namespace refuses one that cannot be (namespaces.py; store_namespaces.py for the inherited
+    ones). ``direct_reads`` reads chunk files around
     the page cache (O_DIRECT) where the file system allows it. Threads: ``num_workers`` compress
     and write (default 2 per core, at least 4; on a shared tier at least 16, as they upload),
     ``io_threads`` read (default 8), ``decode_threads``
@@ -158,11 +170,11 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         background_priority: ThreadPriority = ThreadPriority.NORMAL,
         seal_key: KeyProvider | None = None,
     ):
-        if capacity_bytes is not None and capacity_bytes <= 0:
-            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
-        self.background_priority = ThreadPriority.parse(background_priority)
-        if claim_ttl_s <= 0:
-            raise ValueError(f"claim_ttl_s must be positive, got {claim_ttl_s}")
+        # Every option checked before anything opens (store_options.py: its name and value if not).
+        options = StoreOptions(capacity_bytes, codec, zstd_level, durability, num_workers, io_threads, decode_threads,
+                               failure_log_interval_s, claim_ttl_s, background_priority)
+        capacity_bytes, codec, durability = options.capacity_bytes, options.codec, options.durability
+        self.background_priority = options.background_priority
         self.claim_ttl_s = claim_ttl_s
         # This store's name among a shared tier's writers (its publish claims carry it).
         self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -304,11 +316,12 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         cannot be written (disk full, over capacity or quota) is listed in ``failed`` and leaves
         nothing visible. The result names pages by their keys as given (a sealed store stores
         them under names of its own: ``sealing``; a page whose namespace has no usable seal key
-        fails). Raises ValueError for a page of the wrong shape, dtype or token count,
-        ReadOnlyStoreError.
+        fails). Raises ValueError for a page of the wrong shape, dtype or token count, or of a
+        namespace that cannot be one (namespaces.py), ReadOnlyStoreError.
         """
         if len(pages) != len(tensors):
             raise ValueError(f"{len(pages)} pages but {len(tensors)} tensors")
+        _check_namespaces(pages)
         for p, t in zip(pages, tensors):
             self._check_page(p, t)
         arrays = page_arrays(tensors)
@@ -359,14 +372,19 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
         """Whether each key is stored (index only; no file is opened). False while the index does
         not answer. ``keys`` are keys as the index holds them (its rows'), or, given their
         ``namespace``, chain keys as ``chain_pages`` makes them: the same in an unsealed store,
-        named by the namespace's naming key in a sealed one."""
+        named by the namespace's naming key in a sealed one. Raises ValueError (NamespaceError) for a
+        namespace that cannot be one."""
+        if namespace is not None:
+            check_namespace(namespace)
         names = self._names(namespace, keys)
         present = self._present(names)
         return [k in present for k in names]
 
     def longest_prefix(self, keys: Sequence[bytes], namespace: str | None = None) -> int:
         """How many leading keys of a chain are stored (0 while the index does not answer); the keys
-        as for ``exists``."""
+        and ``namespace`` as for ``exists``."""
+        if namespace is not None:
+            check_namespace(namespace)
         names = self._names(namespace, keys)
         present = self._present(names)
         n = 0
@@ -392,10 +410,12 @@ class ChunkStore(IndexReads, EvictionOps, SealOps):
 
         A destination whose page missed holds unspecified bytes. Missing files drop their row;
         corrupt files are quarantined, and in a sealed store a chunk that does not authenticate
-        is also counted and logged as a security event. Never raises for a bad file.
+        is also counted and logged as a security event. Never raises for a bad file; raises
+        ValueError for destinations that do not fit and pages of a namespace that cannot be one.
         """
         if len(pages) != len(outs):
             raise ValueError(f"{len(pages)} pages but {len(outs)} destinations")
+        _check_namespaces(pages)
         for out in outs:
             if out.dtype != self.torch_dtype or tuple(out.shape) != self.identity.page_shape:
                 raise ValueError(f"destination must be {self.torch_dtype} of shape {self.identity.page_shape}")

@@ -6,8 +6,11 @@ at once."""
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from chunkstore.disk import (ChunkStore, Codec, Durability, FileKeyProvider, KeyProvider, ModelIdentity,
@@ -50,6 +53,28 @@ def parsed(where: str, key: str, parse: Callable[[Any], Any], value: Any) -> Any
         raise ValueError(f"{where} {key!r}: {exc} (got {value!r:.80})") from None
 
 
+def data_folder(value: Any) -> Path:
+    """A data folder's path (``check_folder``: text without a NUL, within the path limits, not a
+    file) that is a folder already or can be made: its nearest existing parent is a folder this
+    process may create folders in. Raises ValueError saying which it is not."""
+    folder = check_folder(value)
+    for place in (folder, *folder.absolute().parents):
+        try:
+            found = place.stat()  # follows a symlink, as making the folder would
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise ValueError(f"{place} cannot be looked at: {exc.strerror or exc}") from None
+        if place == folder:
+            return folder  # a folder (check_folder refused anything else)
+        if not stat.S_ISDIR(found.st_mode):
+            raise ValueError(f"{folder} cannot be made: {place} is a file, not a folder")
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise ValueError(f"{folder} cannot be made: no permission to create a folder in {place}")
+        return folder
+    return folder  # (the root folder always exists)
+
+
 def _local_copy_bytes(value: Any) -> int:
     return 0 if str(value).strip() == "0" else parse_bytes(value)  # 0: no local copy
 
@@ -70,7 +95,7 @@ def store_fields(extra: dict[str, Any], where: str = "the extra config") -> dict
     the key and the value for anything it cannot use."""
     kw: dict[str, Any] = {}
     if "disk_path" in extra:
-        kw["disk_path"] = parsed(where, "disk_path", check_folder, extra["disk_path"])
+        kw["disk_path"] = parsed(where, "disk_path", data_folder, extra["disk_path"])
     for name in ("disk_size", "max_pending"):
         if extra.get(name) is not None:
             kw[STORE_KEYS[name]] = parsed(where, name, parse_bytes, extra[name])

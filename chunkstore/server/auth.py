@@ -5,22 +5,23 @@ equals that tenant's, compared against every key without stopping early (chunkst
 the time does not tell which key matched, nor how much of one); a tenant's requests always
 use the tenant's namespace, whatever they ask for (the server decides, so tenants cannot read each
 other's prefixes); without keys the namespace is the ``X-Chunkstore-Namespace`` header, else the
-OpenAI ``user`` field, else ``default`` (empty ones count as not given); a namespace is 1-256
-characters without control characters.
+OpenAI ``user`` field, else ``default`` (empty ones count as not given); a namespace keeps the one
+rule every layer keeps (chunkstore/disk/namespaces.py: 1-256 characters of UTF-8 text without
+control characters or ``/``, not ``.`` or ``..``).
 """
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 
 from chunkstore.disk.keys import DEFAULT_NAMESPACE
+from chunkstore.disk.namespaces import check_namespace as namespace_rule
 from chunkstore.http.bearer import DigestRing, MalformedAuthorization, bearer_token
+from chunkstore.http.errors import ErrorCode
 from chunkstore.server.errors import ApiError
 from chunkstore.server.settings import Tenant
 
 NAMESPACE_HEADER = "X-Chunkstore-Namespace"
-MAX_NAMESPACE_CHARS = 256
 
 
 class KeyRing:
@@ -45,24 +46,25 @@ class KeyRing:
         try:
             token = bearer_token(authorization)
         except MalformedAuthorization:
-            token = None
+            raise ApiError(401, "the Authorization header is not `Bearer <key>`", code=ErrorCode.INVALID_API_KEY,
+                           headers={"WWW-Authenticate": "Bearer"}) from None
         if token is None:
             raise ApiError(401, "missing API key: send the header `Authorization: Bearer <key>`",
-                           code="missing_api_key", headers={"WWW-Authenticate": "Bearer"})
+                           code=ErrorCode.MISSING_API_KEY, headers={"WWW-Authenticate": "Bearer"})
         tenant = self.identify(token)
         if tenant is None:
-            raise ApiError(401, "invalid API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise ApiError(401, "invalid API key", code=ErrorCode.INVALID_API_KEY,
+                           headers={"WWW-Authenticate": "Bearer"})
         return Caller(tenant)
 
 
 def check_namespace(namespace: str, param: str) -> str:
-    """``namespace`` when it is 1-256 characters without control characters. Raises ApiError 400
-    naming ``param``."""
-    if not 1 <= len(namespace) <= MAX_NAMESPACE_CHARS or \
-            any(unicodedata.category(c) == "Cc" for c in namespace):
-        raise ApiError.bad_request(f"a namespace must be 1-{MAX_NAMESPACE_CHARS} characters without control "
-                                   f"characters", param=param)
-    return namespace
+    """``namespace`` when it keeps the namespace rule (chunkstore/disk/namespaces.py). Raises
+    ApiError 400 naming ``param``, the namespace (cut short) and the rule."""
+    try:
+        return namespace_rule(namespace)
+    except ValueError as exc:
+        raise ApiError.bad_request(str(exc), param=param) from None
 
 
 @dataclass(frozen=True, slots=True)

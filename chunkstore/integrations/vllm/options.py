@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.disk import DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, Codec, Durability, KeyProvider, ModelIdentity
-from chunkstore.integrations.settings import STORE_KEYS, check_keys, extra_dict, store_fields
+from chunkstore.disk.namespaces import check_namespace
+from chunkstore.integrations.settings import STORE_KEYS, check_keys, extra_dict, parsed, store_fields
 from chunkstore.priority import ThreadPriority
 from chunkstore.sizes import PoolSize
 
@@ -53,22 +54,27 @@ class ConnectorSettings:
 
     @classmethod
     def from_extra_config(cls, extra: dict[str, Any] | None) -> "ConnectorSettings":
-        extra = extra_dict(extra, "kv_connector_extra_config")
-        check_keys(extra, VLLM_KEYS, (), "kv_connector_extra_config")
-        kw = store_fields(extra, "kv_connector_extra_config")
+        where = "kv_connector_extra_config"
+        extra = extra_dict(extra, where)
+        check_keys(extra, VLLM_KEYS, (), where)
+        kw = store_fields(extra, where)
         for name in ("device_size", "host_size"):
             if extra.get(name) is not None:
-                try:
-                    PoolSize.parse(extra[name])
-                    kw[name] = str(extra[name]).strip()
-                except ValueError as e:
-                    raise ValueError(f"kv_connector_extra_config {name!r}: {e}") from None
+                kw[name] = parsed(where, name, _pool_size, extra[name])
         if "async_load" in extra:
-            value = extra["async_load"]
-            if not isinstance(value, bool):
-                raise ValueError(f"kv_connector_extra_config 'async_load' must be true or false, got {value!r}")
-            kw["async_load"] = value
+            kw["async_load"] = parsed(where, "async_load", _true_or_false, extra["async_load"])
         return cls(**kw)
+
+
+def _pool_size(value: Any) -> str:
+    PoolSize.parse(value)  # ValueError naming the accepted forms
+    return str(value).strip()
+
+
+def _true_or_false(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
 
 
 # vLLM's KV cache specs whose blocks hold every token of the prefix (not sliding windows, chunked
@@ -137,7 +143,11 @@ def is_writer(vllm_config: "VllmConfig", tp_rank: int) -> bool:
 
 def namespace_for(cache_salt: str | None) -> str:
     """A request's namespace: the default without a salt, else one derived from it (so a salt's
-    text is not written into the store's names)."""
+    text is not written into the store's names, and any salt makes a namespace that keeps the rule
+    of chunkstore/disk/namespaces.py, checked here all the same). Never raises for a salt: one
+    with a lone surrogate hashes its surrogate's bytes (no UTF-8 text has them, so it shares no
+    namespace), as the scheduler's lookups must not fail."""
     if cache_salt is None:
         return DEFAULT_NAMESPACE
-    return "salt-" + hashlib.blake2b(cache_salt.encode(), digest_size=12).hexdigest()
+    salt = cache_salt.encode("utf-8", "surrogatepass")
+    return check_namespace("salt-" + hashlib.blake2b(salt, digest_size=12).hexdigest())
