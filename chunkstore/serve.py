@@ -7,8 +7,10 @@ Invariants: flags override CHUNKSTORE_* environment variables, which override de
 flags are chunkstore.cache.config's); nothing is downloaded; on SIGTERM or SIGINT the server stops
 accepting connections, lets running requests finish for ``shutdown_timeout_s``, aborts the rest
 (their streams end with finish_reason ``abort``, their whole pages are cached), then closes the
-engine, which writes to disk what the write policy keeps; the exit code is 0 after an orderly
-shutdown and 2 when the settings, the model, the store or the address cannot be used.
+engine, which writes to disk what the write policy keeps; every connection, the management API's
+too, is held to the server's connection limits (``header_timeout_s``, ``body_timeout_s``,
+``max_connections``); the exit code is 0 after an orderly shutdown and 2 when the settings, the
+model, the store or the address cannot be used.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ log = logging.getLogger("chunkstore.serve")
 _FLAG_TYPES: dict[str, dict[str, Any]] = {
     "port": dict(type=int), "seed": dict(type=int), "max_queue_size": dict(type=int, metavar="N"),
     "max_running_requests": dict(type=int, metavar="N"), "torch_threads": dict(type=int, metavar="N"),
-    "shutdown_timeout_s": dict(type=float, metavar="SECONDS"),
+    "shutdown_timeout_s": dict(type=float, metavar="SECONDS"), "header_timeout_s": dict(type=float, metavar="SECONDS"),
+    "body_timeout_s": dict(type=float, metavar="SECONDS"), "max_connections": dict(type=int, metavar="N"),
     "model": dict(type=Path, metavar="PATH"), "preset": dict(metavar="NAME"), "served_model_name": dict(metavar="NAME"),
     "api_key": dict(action="append", metavar="[NAME=]KEY"), "max_body_bytes": dict(metavar="SIZE"),
     "log_level": dict(metavar="LEVEL"),
 }
 _GROUPS = {"server": ("host", "port", "api_key", "served_model_name", "max_body_bytes", "shutdown_timeout_s",
-                      "log_level"),
+                      "header_timeout_s", "body_timeout_s", "max_connections", "log_level"),
            "model and engine": ("model", "preset", "dtype", "seed", "device", "max_queue_size",
                                 "max_running_requests", "torch_threads")}
 
@@ -159,6 +162,7 @@ def create_app(engine, settings: ServerSettings):
 
 
 def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
+    from chunkstore.http.connection_limits import ConnectionLimits
     from chunkstore.http.lifecycle import url_of
     from chunkstore.server.lifecycle import bind, serve_until_signal
 
@@ -169,5 +173,6 @@ def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     sock = bind(settings.host, settings.port)
     print(f"chunkstore serve: {url_of(sock)} model {settings.model_name!r} "
           f"({engine.loaded.model_id}, {engine.loaded.device}), data in {_data_folder(engine, cache_config)}", flush=True)
-    serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s)
+    serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s,
+                       limits=ConnectionLimits.of(settings))
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from chunkstore.http import connection_limits as limits
 from chunkstore.store_flags import add_store_flags
 
 
@@ -26,6 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a token that sees and changes only NAMESPACE (repeatable)")
     p.add_argument("--read-only", action="store_true",
                    help="open the store read-only (beside a running writer); state-changing calls answer 409")
+    p.add_argument("--header-timeout-s", type=float, metavar="SECONDS",
+                   help="seconds a request's header may take from its first byte (a new connection's start); then "
+                        f"408 and the connection closes (default {limits.HEADER_TIMEOUT_S:g}, or "
+                        "$CHUNKSTORE_ADMIN_HEADER_TIMEOUT_S)")
+    p.add_argument("--body-timeout-s", type=float, metavar="SECONDS",
+                   help="longest pause while a request's body arrives; then 408 and the connection closes "
+                        f"(default {limits.BODY_TIMEOUT_S:g}, or $CHUNKSTORE_ADMIN_BODY_TIMEOUT_S)")
+    p.add_argument("--max-connections", type=int, metavar="N",
+                   help="connections open at once; more are answered 503 and closed as they open "
+                        f"(default {limits.MAX_CONNECTIONS}, or $CHUNKSTORE_ADMIN_MAX_CONNECTIONS)")
 
 
 def _settings(args: argparse.Namespace):
@@ -33,7 +44,9 @@ def _settings(args: argparse.Namespace):
 
     given = {"host": args.host, "port": args.port, "token": args.admin_token,
              "allowed_hosts": tuple(args.allowed_host) if args.allowed_host else None,
-             "namespace_tokens": tuple(args.namespace_token) if args.namespace_token else None}
+             "namespace_tokens": tuple(args.namespace_token) if args.namespace_token else None,
+             "header_timeout_s": args.header_timeout_s, "body_timeout_s": args.body_timeout_s,
+             "max_connections": args.max_connections}
     return AdminSettings(**{k: v for k, v in given.items() if v is not None})
 
 
@@ -49,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from chunkstore.api.backend import StoreBackend
     from chunkstore.disk import IndexMissingError, seal_key_provider
     from chunkstore.disk.store import StoreBusyError
+    from chunkstore.http.connection_limits import ConnectionLimits
     from chunkstore.http.lifecycle import bind, serve_until_signal, url_of
 
     def fail(message: str) -> int:
@@ -85,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         where = f"in {token.path}" if token.path is not None else "from --admin-token / CHUNKSTORE_ADMIN_TOKEN"
         print(f"chunkstore admin: admin token {where}", file=sys.stderr, flush=True)
         # Returns after the signal instead of dying of it, so the store closes below.
-        serve_until_signal(app, sock, log_level="info", grace_s=SHUTDOWN_GRACE_S)
+        serve_until_signal(app, sock, log_level="info", grace_s=SHUTDOWN_GRACE_S, limits=ConnectionLimits.of(settings))
         return 0
     finally:
         backend.close()

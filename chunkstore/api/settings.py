@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from chunkstore.http.settings import BodyBytes, Port, split_list
+from chunkstore.http import connection_limits as limits
+from chunkstore.http.settings import BodyBytes, ConnectionCount, Port, TimeoutS, split_list
 
 ENV_PREFIX = "CHUNKSTORE_ADMIN_"
 TOKEN_FILENAME = "admin-token"
@@ -44,6 +45,12 @@ class AdminSettings(BaseSettings):
         (), description="Host header names accepted besides loopback names and the bind address")
     max_body_bytes: BodyBytes = Field(64 * 1024, description="largest request body (bytes, or a size such as "
                                                              "64KiB); larger ones get 413")
+    header_timeout_s: TimeoutS = Field(limits.HEADER_TIMEOUT_S, description="`chunkstore admin`: seconds a request's "
+                                       "header may take from its first byte (a new connection's start); then 408")
+    body_timeout_s: TimeoutS = Field(limits.BODY_TIMEOUT_S, description="`chunkstore admin`: longest pause in "
+                                     "seconds while a request's body arrives; then 408")
+    max_connections: ConnectionCount = Field(limits.MAX_CONNECTIONS, description="`chunkstore admin`: connections "
+                                             "open at once; more are answered 503 and closed as they open")
     history_interval_s: float = Field(5.0, gt=0, description="seconds between two samples of the stats history")
     history_max_rows: int = Field(17_280, ge=1, description="samples kept (the oldest go first); 17,280 = "
                                                              "one day at 5 s")

@@ -2,8 +2,10 @@
 
 Invariants: counters only grow, except ``requests_active`` (accepted and not yet completed); every
 update and every snapshot happens under one lock, so a snapshot is never half of an update; a
-request is counted once, when its handle completes (finished, aborted or failed); time to first
-token is recorded only for requests that sampled a token. Recording never raises.
+request is counted once, when its handle completes (finished, aborted or failed), and a finished
+one whose finish reason is ``abort`` (its client went away, or the server shut down) is also
+counted in ``requests_cancelled``; time to first token is recorded only for requests that sampled
+a token. Recording never raises.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import threading
 from dataclasses import dataclass, field, replace
 
 from chunkstore.cache.stats import Histogram
-from chunkstore.engine.request import GenerationResult
+from chunkstore.engine.request import FinishReason, GenerationResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +23,7 @@ class ServingSnapshot:
 
     requests_total: int = 0  # completed: finished (any finish reason) or failed
     requests_failed: int = 0  # completed with an error
+    requests_cancelled: int = 0  # finished as abort: their client went away, or the server shut down
     requests_active: int = 0  # accepted (queued or running), not completed
     prompt_tokens_total: int = 0  # of finished requests, as the three below
     cached_tokens_total: int = 0
@@ -62,8 +65,10 @@ class ServingStats:
                 self._snap = replace(s, requests_failed=s.requests_failed + 1, **done)
                 return
             has_token = result.completion_tokens > 0
+            is_cancelled = result.finish_reason is FinishReason.ABORT
             self._snap = replace(
-                s, prompt_tokens_total=s.prompt_tokens_total + result.prompt_tokens,
+                s, requests_cancelled=s.requests_cancelled + (1 if is_cancelled else 0),
+                prompt_tokens_total=s.prompt_tokens_total + result.prompt_tokens,
                 cached_tokens_total=s.cached_tokens_total + result.cached_tokens,
                 completion_tokens_total=s.completion_tokens_total + result.completion_tokens,
                 ttft_sum_s=s.ttft_sum_s + (result.ttft_s if has_token else 0.0),

@@ -5,7 +5,9 @@ connection is accepted; requests still running after ``grace_s`` seconds are han
 (the server's: the engine ends them as ``abort`` at their next step, so streams finish with their
 last events) and get ``ABORT_GRACE_S`` more before uvicorn cuts what is left (without ``abort``,
 uvicorn cuts them at ``grace_s``); ``serve_until_signal`` returns instead of letting the signal kill
-the process (uvicorn re-raises it when done), so the caller can close what it opened afterwards.
+the process (uvicorn re-raises it when done), so the caller can close what it opened afterwards;
+every connection is served by uvicorn's h11 protocol with the server's ConnectionLimits
+(chunkstore.http.guarded_h11), whatever other HTTP implementation is installed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+
+from chunkstore.http.connection_limits import ConnectionLimits
+from chunkstore.http.guarded_h11 import guarded_h11
 
 log = logging.getLogger("chunkstore.serve")
 
@@ -99,10 +104,12 @@ class _GracefulServer(uvicorn.Server):
 
 
 def serve_until_signal(app: ASGIApp, sock: socket.socket, *, log_level: str, grace_s: float,
-                       abort: Callable[[], int] | None = None) -> None:
+                       abort: Callable[[], int] | None = None, limits: ConnectionLimits = ConnectionLimits()) -> None:
     """Run ``app`` on ``sock`` (main thread) until SIGTERM or SIGINT and the shutdown above.
-    ``abort`` cancels the requests still running and returns how many it cancelled."""
+    ``abort`` cancels the requests still running and returns how many it cancelled; ``limits``
+    bound how long a request may take to arrive and how many connections are open."""
     timeout_s = grace_s + ABORT_GRACE_S if abort is not None else grace_s
-    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=timeout_s)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=timeout_s,
+                            http=guarded_h11(limits))
     with _SignalLatch() as latch:
         _GracefulServer(config, grace_s, abort, latch).run(sockets=[sock])

@@ -4,7 +4,9 @@ Invariants: the engine's handles block, the loop must not, so each submitted req
 thread that moves its text deltas onto the loop in order and then exactly one outcome (the result or
 the error), also when nobody listens any more (a closed loop drops them); a request is in InFlight
 from its submit until the engine has completed it, so a shutdown can cancel every one still running;
-a handle whose caller went away is cancelled (the engine ends it as ``abort`` at its next step).
+a handle whose caller went away is cancelled (the engine ends it as ``abort`` at its next step):
+a stream's when its response is cut (sse), a whole answer's when its connection closes while it is
+generated (``result_while_connected``).
 Threads: at most one pump per request the engine holds (bounded by its queue and running limits);
 a request that finds the engine's queue full is refused (429) on the loop, without waiting for a
 worker thread, so a flood of refused requests never delays the refusal of the next one.
@@ -18,6 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from anyio import to_thread
+from starlette.types import Receive
 
 from chunkstore.engine import Engine, GenerationResult, Request, RequestHandle, TextDelta
 from chunkstore.server.errors import ApiError
@@ -129,6 +132,22 @@ class AsyncHandle:
         if self._outcome.error is not None:
             raise ApiError.from_engine(self._outcome.error, is_submit=False) from self._outcome.error
         return self._outcome.result
+
+    async def result_while_connected(self, receive: Receive) -> GenerationResult:
+        """``result()``, for a client waiting for the whole answer: when its connection closes
+        first (``receive``, the request's ASGI channel, whose body was read, says
+        ``http.disconnect``), the request is cancelled, so the engine ends it as ``abort`` at its
+        next step and frees its slot (that result is returned, to nobody). Raises as ``result()``."""
+        watcher = asyncio.ensure_future(self._cancel_on_disconnect(receive))
+        try:
+            return await self.result()
+        finally:
+            watcher.cancel()
+
+    async def _cancel_on_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass  # the body was read before the route ran: anything else is an empty piece of it
+        self.cancel_unless_done()
 
     def cancel_unless_done(self) -> None:
         """Stop the request when its caller went away before it ended."""

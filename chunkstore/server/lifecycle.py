@@ -12,11 +12,14 @@ import socket
 from fastapi import FastAPI
 
 from chunkstore.http import lifecycle
+from chunkstore.http.connection_limits import ConnectionLimits
 from chunkstore.http.lifecycle import BindError, bind
 
 __all__ = ["BindError", "bind", "serve_until_signal"]
 
 
-def serve_until_signal(app: FastAPI, sock: socket.socket, *, log_level: str, grace_s: float) -> None:
+def serve_until_signal(app: FastAPI, sock: socket.socket, *, log_level: str, grace_s: float,
+                       limits: ConnectionLimits) -> None:
     """Run the server's ``app`` on ``sock`` until SIGTERM or SIGINT and an orderly shutdown."""
-    lifecycle.serve_until_signal(app, sock, log_level=log_level, grace_s=grace_s, abort=app.state.in_flight.cancel_all)
+    lifecycle.serve_until_signal(app, sock, log_level=log_level, grace_s=grace_s, abort=app.state.in_flight.cancel_all,
+                                 limits=limits)

@@ -2,7 +2,9 @@
 
 Invariants: a request is checked (body, model, namespace) before anything is submitted; what the
 engine refuses is answered with its 4xx before a stream starts, so a stream's status is 200 only
-for a request the engine took; a stream ends with a chunk carrying ``finish_reason``, then (with
+for a request the engine took; a request whose client goes away is cancelled (a stream's when its
+response is cut, a whole answer's when its connection closes: the engine frees its slot at its
+next step); a stream ends with a chunk carrying ``finish_reason``, then (with
 ``stream_options.include_usage``) a usage chunk with no choices, then ``[DONE]``; with
 ``include_usage`` every other chunk carries ``"usage": null``, as OpenAI's do; the OpenAPI spec
 documents every status a route answers (errors.error_responses) and the stream's content type.
@@ -15,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends
+from fastapi import Request as HTTPRequest
 
 from chunkstore.engine import GenerationResult, Request, SamplingParams
 from chunkstore.server import sse
@@ -62,7 +65,7 @@ def _ids(prefix: str) -> tuple[str, int]:
 
 @router.post("/completions", response_model=CompletionResponse, responses=GENERATION_RESPONSES)
 async def create_completion(body: CompletionRequest, engine: EngineDep, served: ServedModelDep, caller: CallerDep,
-                            in_flight: InFlightDep, namespace: NamespaceHeader = None):
+                            in_flight: InFlightDep, http_request: HTTPRequest, namespace: NamespaceHeader = None):
     """Text completion of ``prompt`` (text or token ids); SSE chunks with ``stream``."""
     served.check(body.model)
     params = _sampling(body, COMPLETION_DEFAULT_MAX_TOKENS)
@@ -72,7 +75,7 @@ async def create_completion(body: CompletionRequest, engine: EngineDep, served: 
     completion_id, created = _ids("cmpl")
     if body.stream:
         return sse.event_stream(handle, _completion_events(handle, body, served, completion_id, created))
-    result = await handle.result()
+    result = await handle.result_while_connected(http_request.receive)
     return CompletionResponse(id=completion_id, created=created, model=served.name, usage=Usage.of(result),
                               choices=[CompletionChoice(text=result.text, finish_reason=result.finish_reason.value)])
 
@@ -97,7 +100,8 @@ async def _completion_events(handle: AsyncHandle, body: CompletionRequest, serve
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, engine: EngineDep, served: ServedModelDep,
-                                 caller: CallerDep, in_flight: InFlightDep, namespace: NamespaceHeader = None):
+                                 caller: CallerDep, in_flight: InFlightDep, http_request: HTTPRequest,
+                                 namespace: NamespaceHeader = None):
     """The assistant's reply to ``messages`` (rendered with the model's chat template); SSE chunks
     with ``stream``. Without ``max_tokens`` it runs to an end token or the model's last position."""
     served.check(body.model)
@@ -108,7 +112,7 @@ async def create_chat_completion(body: ChatCompletionRequest, engine: EngineDep,
     completion_id, created = _ids("chatcmpl")
     if body.stream:
         return sse.event_stream(handle, _chat_events(handle, body, served, completion_id, created))
-    result = await handle.result()
+    result = await handle.result_while_connected(http_request.receive)
     return _chat_response(result, served, completion_id, created)
 
 

@@ -20,7 +20,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from chunkstore.cache.config import ENV_PREFIX
 from chunkstore.http.bearer import token_digest
-from chunkstore.http.settings import BodyBytes, Port, split_list
+from chunkstore.http import connection_limits as limits
+from chunkstore.http.settings import BodyBytes, ConnectionCount, Port, TimeoutS, split_list
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 _TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
@@ -87,6 +88,12 @@ class ServerSettings(BaseSettings):
     max_body_bytes: BodyBytes = Field(8 * 2**20, description="largest request body (bytes, or a size such as 8MiB)")
     shutdown_timeout_s: float = Field(10.0, ge=0, description="on SIGTERM/SIGINT, how long running requests may "
                                                               "finish before they are aborted")
+    header_timeout_s: TimeoutS = Field(limits.HEADER_TIMEOUT_S, description="seconds a request's header may take "
+                                       "from its first byte (a new connection's start); then 408, connection closed")
+    body_timeout_s: TimeoutS = Field(limits.BODY_TIMEOUT_S, description="longest pause in seconds while a request's "
+                                     "body arrives; then 408, connection closed")
+    max_connections: ConnectionCount = Field(limits.MAX_CONNECTIONS, description="connections open at once; more "
+                                             "are answered 503 and closed as they open")
     log_level: str = Field("info", description="log level: " + ", ".join(LOG_LEVELS))
 
     @field_validator("model", "served_model_name", "dtype", "device", mode="before")

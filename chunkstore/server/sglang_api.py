@@ -3,7 +3,9 @@
 Invariants: /generate answers what SGLang's does (``text``, ``meta_info`` with ``cached_tokens``),
 plus ``output_ids`` (the generated ids, so a client can build the next turn from ids, exact
 whatever the tokenizer); a stream's events carry the text so far (cumulative, as
-SGLang streams it), the last one the whole ``meta_info`` and ``output_ids``, then ``[DONE]``.
+SGLang streams it), the last one the whole ``meta_info`` and ``output_ids``, then ``[DONE]``; a
+client that goes away cancels its generation, streamed or not (the engine frees its slot at its
+next step).
 /flush_cache (POST only: it changes state) empties the memory tiers as SGLang's does (refused with 400
 while requests are in flight), after writing them down to the disk tier, which keeps them (as SGLang's
 HiCache storage tier does); a page that cannot be written stays in memory, so nothing is lost. It needs
@@ -18,6 +20,7 @@ from collections.abc import AsyncIterator
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends
+from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from chunkstore.cache.admin import MemorySelection
@@ -34,7 +37,7 @@ router = APIRouter(tags=["sglang"], dependencies=[Depends(authenticate)])
 @router.post("/generate", responses={200: {"model": GenerateResponse, **sse.OPENAPI_RESPONSE},
                                      **error_responses(400, 401, 413, 429, 503)})
 async def generate(body: GenerateRequest, engine: EngineDep, caller: CallerDep, in_flight: InFlightDep,
-                   namespace: NamespaceHeader = None):
+                   http_request: HTTPRequest, namespace: NamespaceHeader = None):
     """Generate from ``text`` or ``input_ids`` with SGLang's ``sampling_params``; SSE with ``stream``."""
     try:
         params = body.sampling_params.engine_params()
@@ -47,7 +50,7 @@ async def generate(body: GenerateRequest, engine: EngineDep, caller: CallerDep, 
     eos_ids = engine.tokenizer.eos_token_ids
     if body.stream:
         return sse.event_stream(handle, _generate_events(handle, rid, eos_ids))
-    result = await handle.result()
+    result = await handle.result_while_connected(http_request.receive)
     response = GenerateResponse(text=result.text, output_ids=list(result.token_ids),
                                 meta_info=MetaInfo.of(rid, result, eos_ids))
     return JSONResponse(response.dump())

@@ -110,3 +110,44 @@ def test_bad_flags_exit_2(tmp_path, capsys):
                      "--index-url", "postgresql+psycopg://kv:secret@127.0.0.1:1/chunks")) == 2
     err = capsys.readouterr().err
     assert "cannot use the index at postgresql+psycopg://kv:***@127.0.0.1:1/chunks" in err and "secret" not in err
+
+
+def test_connection_limits_from_flags_the_environment_and_defaults(monkeypatch):
+    from chunkstore.http.connection_limits import ConnectionLimits
+
+    settings, _ = settings_from_args(parse())
+    assert ConnectionLimits.of(settings) == ConnectionLimits()  # one set of defaults
+    monkeypatch.setenv("CHUNKSTORE_HEADER_TIMEOUT_S", "4.5")
+    monkeypatch.setenv("CHUNKSTORE_MAX_CONNECTIONS", "64")
+    settings, _ = settings_from_args(parse("--body-timeout-s", "7", "--max-connections", "32"))
+    assert ConnectionLimits.of(settings) == ConnectionLimits(header_timeout_s=4.5, body_timeout_s=7.0,
+                                                             max_connections=32)
+
+
+@pytest.mark.parametrize("flag,value,says", [
+    ("--header-timeout-s", "0", "header_timeout_s (--header-timeout-s) must be a number of seconds greater than 0, "
+                                "got 0.0"),
+    ("--body-timeout-s", "-2", "body_timeout_s (--body-timeout-s) must be a number of seconds greater than 0, "
+                               "got -2.0"),
+    ("--body-timeout-s", "inf", "got inf"),
+    ("--header-timeout-s", "nan", "got nan"),
+    ("--max-connections", "0", "max_connections (--max-connections) must be an integer of at least 1, got 0"),
+])
+def test_bad_connection_limits_name_the_flag_and_the_value(flag, value, says, capsys):
+    assert run(parse(flag, value)) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_the_admin_takes_the_same_connection_limits(monkeypatch, tmp_path, capsys):
+    from chunkstore.api.settings import AdminSettings
+    from chunkstore.http.connection_limits import ConnectionLimits
+
+    assert ConnectionLimits.of(AdminSettings()) == ConnectionLimits()
+    monkeypatch.setenv("CHUNKSTORE_ADMIN_BODY_TIMEOUT_S", "3")
+    assert AdminSettings().body_timeout_s == 3.0
+    with pytest.raises(SystemExit) as exc:
+        main(["admin", "--disk-path", str(tmp_path), "--max-connections", "many"])
+    assert exc.value.code == 2 and "--max-connections: invalid int value: 'many'" in capsys.readouterr().err
+    assert main(["admin", "--disk-path", str(tmp_path), "--header-timeout-s", "-1"]) == 2
+    assert "header_timeout_s (--header-timeout-s) must be a number of seconds greater than 0, got -1.0" in \
+        capsys.readouterr().err
