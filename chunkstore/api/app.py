@@ -3,9 +3,12 @@
 Invariants: everything the routes use is built here and kept in ``app.state.admin`` (nothing at
 import time); every route is under ``API_PREFIX`` (the OpenAPI spec and docs too, so ``mount`` can hand a
 server's requests under it to this app unchanged); the app never closes the backend (whoever built it
-does); middleware order, outermost first: Host check (400), body limit (413), headers and timing
-(the first two are chunkstore.http's, with this app's rule, limit and envelope); mounted in another
-app, it owns every path under ``API_PREFIX`` and applies its own checks there (the parent's skip it).
+does); middleware order, outermost first: Host check (400), body limit (413), headers and timing,
+the body gate (all but the timing are chunkstore.http's, with this app's rule, limit, envelope and
+token check: a request that sends a body to a route, and only state-changing routes take one, needs
+a valid token before a byte of the body is read, so 401 comes before any 400); its OpenAPI spec says what this
+API takes over this backend (spec.py); mounted in another app, it owns every path under
+``API_PREFIX`` and applies its own checks there (the parent's skip it).
 """
 
 from __future__ import annotations
@@ -18,14 +21,18 @@ from starlette.concurrency import run_in_threadpool
 
 from chunkstore import __version__
 from chunkstore.api.backend.base import AdminBackend
+from chunkstore.api.deps import authenticate, require_writer
 from chunkstore.api.errors import ENVELOPE, install_error_handlers
 from chunkstore.api.middleware import ResponseMiddleware, host_refusal
 from chunkstore.api.routers import ROUTERS
 from chunkstore.api.runtime import AdminRuntime
 from chunkstore.api.settings import AdminSettings
+from chunkstore.api.spec import admin_spec
 from chunkstore.api.webui import add_webui
 from chunkstore.http.body_limit import BodyLimitMiddleware
+from chunkstore.http.errors import amend_openapi
 from chunkstore.http.hosts import HostCheckMiddleware
+from chunkstore.http.json_body import JsonBodyGate
 from chunkstore.http.routes import PrefixRoute
 
 API_PREFIX = "/api/v1"
@@ -56,6 +63,12 @@ def create_app(backend: AdminBackend, settings: AdminSettings | None = None, *,
                   openapi_url=f"{API_PREFIX}/openapi.json", docs_url=f"{API_PREFIX}/docs", redoc_url=None)
     app.state.admin = runtime
     install_error_handlers(app)
+    amend_openapi(app, lambda spec: admin_spec(spec, backend))
+
+    def check_writer(authorization: str | None) -> None:
+        require_writer(authenticate(runtime, authorization), runtime)
+
+    app.add_middleware(JsonBodyGate, envelope=ENVELOPE, check_credentials=check_writer)
     app.add_middleware(ResponseMiddleware, observe=runtime.metrics.observe)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=ENVELOPE.too_large)
     app.add_middleware(HostCheckMiddleware, rule=runtime.host_rule,  # added last: runs first

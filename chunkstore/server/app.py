@@ -4,11 +4,14 @@ Invariants: everything the routes use is built here and kept in ``app.state`` (e
 served model, key ring, requests in flight); nothing is created at import time; the app never
 closes the engine (whoever built it does: ``chunkstore.serve.run`` on shutdown, tests in their
 fixtures); every error it answers is OpenAI-shaped; request bodies are limited to
-``settings.max_body_bytes``; a server on a loopback address answers only requests addressed to a
-loopback name (chunkstore.http.hosts). A mounted app (the management API, passed in by the
-composition root, chunkstore/serve.py: nothing here imports it) owns the paths under its prefix
-and its metrics path: it checks their Host header and body size by its own rules and answers their
-errors, and the server's checks skip them, so every path has one Host check and one body limit.
+``settings.max_body_bytes`` and pass the body gate (chunkstore.http.json_body: with API keys the key
+is checked before a byte of a body is read); a server on a loopback address answers only requests
+addressed to a loopback name (chunkstore.http.hosts); its OpenAPI spec says what this server
+accepts (spec.py: the served model's token ids, the namespace header's rule). A mounted app (the
+management API, passed in by the composition root, chunkstore/serve.py: nothing here imports it)
+owns the paths under its prefix and its metrics path: it checks their Host header, body size and
+body by its own rules and answers their errors, and the server's checks skip them, so every path
+has one Host check, one body limit and one body gate.
 ``GET /metrics`` is the mounted app's metrics route under another path (the request is handed to it
 unchanged but for its path), where Prometheus looks for it on SGLang and vLLM servers.
 """
@@ -25,7 +28,9 @@ from starlette.types import ASGIApp
 from chunkstore import __version__
 from chunkstore.engine import Engine
 from chunkstore.http.body_limit import BodyLimitMiddleware
+from chunkstore.http.errors import amend_openapi
 from chunkstore.http.hosts import HostCheckMiddleware, HostRule, is_loopback
+from chunkstore.http.json_body import JsonBodyGate
 from chunkstore.http.routes import AliasRoute
 from chunkstore.server import health, openai_api, sglang_api
 from chunkstore.server.auth import KeyRing
@@ -33,6 +38,7 @@ from chunkstore.server.deps import ServedModel
 from chunkstore.server.errors import ENVELOPE, install_error_handlers
 from chunkstore.server.handles import InFlight
 from chunkstore.server.settings import ServerSettings
+from chunkstore.server.spec import server_spec
 
 METRICS_PATH = "/metrics"  # Prometheus' default metrics_path, where SGLang and vLLM serve theirs
 BODY_LIMIT_HINT = " (the server's --max-body-bytes)"
@@ -65,7 +71,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, mount: Mount | None 
     app.state.engine = engine
     app.state.settings = settings
     app.state.served_model = ServedModel.of(engine, settings)
-    app.state.key_ring = KeyRing(settings.tenants)
+    app.state.key_ring = key_ring = KeyRing(settings.tenants)
     app.state.in_flight = InFlight()
     install_error_handlers(app)
     app.include_router(health.router)
@@ -78,6 +84,10 @@ def create_app(engine: Engine, settings: ServerSettings, *, mount: Mount | None 
         if mounted.metrics_path is not None:
             app.router.routes.insert(0, AliasRoute(METRICS_PATH, mounted.app, mounted.metrics_path))
             exempt += (METRICS_PATH,)
+    amend_openapi(app, lambda spec: server_spec(spec, vocab_size=engine.tokenizer.vocab_size,
+                                                max_positions=engine.loaded.max_positions,
+                                                has_keys=key_ring.is_enabled))
+    app.add_middleware(JsonBodyGate, envelope=ENVELOPE, check_credentials=key_ring.authenticate, exempt=exempt)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, too_large=ENVELOPE.too_large,
                        hint=BODY_LIMIT_HINT, exempt=exempt)
     if is_loopback(settings.host):  # added last: runs first

@@ -1,12 +1,13 @@
 """Errors as every API of the server answers them: OpenAI's shape, ``{"error": {"message", "type", "code", "param"}}``.
 
-Invariants: every error response, whichever API or layer it comes from (a route, request validation,
-an unknown route, the body limit), has this shape and a 4xx/5xx status; engine errors map to one
+Invariants: every error response, whichever API or layer it comes from (a route, the body gate,
+request validation, an unknown route, the body limit), has this shape, a 4xx/5xx status and a code
+(chunkstore.http.errors' for the faults the management API shares); engine errors map to one
 status each (queue full 429 with ``Retry-After``, prompt too long 400, shutting down 503); only our
 own messages reach a client: an unexpected exception (a bug, a torch error) is logged with its
 traceback and answered with a generic 500; the OpenAPI spec documents these answers (400, never
-FastAPI's 422) with their schema; nothing here depends on a route. The handlers are chunkstore.http's,
-with this envelope (``ENVELOPE``).
+FastAPI's 422) with their schema, always as JSON; nothing here depends on a route. The handlers are
+chunkstore.http's, with this envelope (``ENVELOPE``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
-from starlette.requests import Request
+from pydantic import BaseModel, Field
 
 from chunkstore.engine.request import EngineClosedError, InvalidPromptError, PromptTooLongError, QueueFullError
-from chunkstore.http.errors import ErrorEnvelope
+from chunkstore.http.errors import ErrorCode, ErrorEnvelope, HttpError, code_of, error_field, main_error
 from chunkstore.http.errors import install_error_handlers as install_shared_handlers
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ RETRY_AFTER_S = 1  # what a 429 tells the client to wait
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable_error"}
+          415: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
 
 
 def error_body(message: str, *, status: int, code: str | None = None, param: str | None = None) -> dict:
@@ -38,24 +38,25 @@ def error_body(message: str, *, status: int, code: str | None = None, param: str
                       "param": param}}
 
 
-class ApiError(Exception):
-    """An error answered to the client as ``status`` with ``error_body``."""
+class ApiError(HttpError):
+    """An error answered to the client as ``status`` with ``error_body`` (``code`` None: the
+    status's own, chunkstore.http.errors.code_of)."""
 
     def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-        self.headers = headers
+        super().__init__(status, code, message, param=param, headers=headers)
 
     @property
     def body(self) -> dict:
-        return error_body(self.message, status=self.status, code=self.code, param=self.param)
+        return error_body(self.message, status=self.status, code=self.code or code_of(self.status, None),
+                          param=self.param)
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
     @classmethod
-    def bad_request(cls, message: str, *, param: str | None = None, code: str = "invalid_request") -> "ApiError":
+    def bad_request(cls, message: str, *, param: str | None = None,
+                    code: str = ErrorCode.INVALID_REQUEST) -> "ApiError":
         return cls(400, message, code=code, param=param)
 
     @classmethod
@@ -74,7 +75,7 @@ class ApiError(Exception):
             return cls.bad_request(str(exc), param="prompt")
         # Anything else is a bug or a failure inside (torch, the cache): its text is for the log only.
         log.error("request failed", exc_info=exc)
-        return cls(500, "generation failed: internal error (see the server's log)", code="internal_error")
+        return cls(500, "generation failed: internal error (see the server's log)", code=ErrorCode.INTERNAL_ERROR)
 
     @classmethod
     def queue_full(cls, message: str) -> "ApiError":
@@ -84,8 +85,8 @@ class ApiError(Exception):
 class ErrorDetail(BaseModel):
     message: str
     type: str
-    code: str | None
-    param: str | None
+    code: str = Field(description="what went wrong, for programs (docs/SERVER.md lists the codes)")
+    param: str | None = Field(description="the field or header at fault, when one is")
 
 
 class ErrorResponse(BaseModel):
@@ -97,6 +98,7 @@ class ErrorResponse(BaseModel):
 _WHEN = {400: "invalid request (the message says why; `param` names the field)",
          401: "missing or invalid API key (when keys are configured)",
          404: "unknown model or path", 405: "method not allowed", 413: "request body too large",
+         415: "the body has a Content-Encoding (send it as is)",
          429: "the request queue is full (see Retry-After)", 503: "the server is shutting down"}
 
 
@@ -106,33 +108,24 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None, str]:
-    """(message, param, code) for pydantic's errors: the first names the field; JSON syntax errors
-    say so."""
-    first = errors[0] if errors else {"msg": "invalid request", "loc": ()}
-    if first.get("type") == "json_invalid":
-        detail = (first.get("ctx") or {}).get("error", "")
-        return f"the request body is not valid JSON: {detail}".rstrip(": "), None, "invalid_json"
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
+    """(message, param, code) for pydantic's errors: the main one (``main_error``) names the field."""
+    first = main_error(errors)
+    param = error_field(first.get("loc", ()))
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if param is None and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
         return ("the request body must be a JSON object (send it with Content-Type: application/json)",
-                None, "invalid_request")
+                None, ErrorCode.INVALID_REQUEST)
     extra = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return (f"{param}: {msg}" if param else msg) + extra, param, "invalid_request"
+    return (f"{param}: {msg}" if param else msg) + extra, param, ErrorCode.INVALID_REQUEST
 
 
-async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
-    return exc.response()
-
-
-def _body(status: int, code: str | None, message: str, param: str | None) -> dict:
+def _body(status: int, code: str, message: str, param: str | None) -> dict:
     return error_body(message, status=status, code=code, param=param)
 
 
-ENVELOPE = ErrorEnvelope(_body, validation_status=400, validation_message=_validation_message)
+ENVELOPE = ErrorEnvelope(_body, validation_status=400, validation_message=_validation_message, model=ErrorResponse)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error ``app`` answers OpenAI-shaped, and its OpenAPI spec say so (400, never 422)."""
-    install_shared_handlers(app, ENVELOPE, {ApiError: _on_api_error})
+    install_shared_handlers(app, ENVELOPE, {})

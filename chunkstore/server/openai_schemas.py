@@ -2,25 +2,29 @@
 
 Invariants: a request body that validates can be served exactly as asked: every field the engine
 cannot honour is refused (400 naming it) unless it has its neutral value (``n`` 1, no logprobs, no
-penalties, no tools, ...); unknown fields are ignored, as OpenAI-compatible servers do; ``usage``
-always carries ``prompt_tokens_details.cached_tokens`` and, as an extension, where the cached tokens
-were found (``cached_tokens_details``: device, host, disk; they sum to ``cached_tokens``); every
-request model is a ``RequestBody`` (request_fields.py: strings that encode, bounded stop lists).
+penalties, no tools, ...), and the spec lists those values only; types are JSON's, strictly, as
+OpenAI reads them (no ``true`` for a number, no ``"5"`` for an integer: request_fields.py); unknown
+fields are ignored, as OpenAI-compatible servers do; ``usage`` always carries
+``prompt_tokens_details.cached_tokens`` and, as an extension, where the cached tokens were found
+(``cached_tokens_details``: device, host, disk; they sum to ``cached_tokens``); every request model
+is a ``RequestBody`` (request_fields.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StrictInt, ValidationInfo, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
 
 from chunkstore.engine import GenerationResult, SamplingParams
 from chunkstore.engine.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
-from chunkstore.server.request_fields import RequestBody, non_empty_prompt, stop_list
+from chunkstore.http.json_types import JsonBool, JsonFloat, JsonInt, json_int
+from chunkstore.server.request_fields import (NamespaceText, PromptText, RequestBody, Stop, TokenIds, neutral_fields,
+                                              neutral_value, one_of_batch, one_prompt, stop_list)
 
-MAX_SEED = 2**63 - 1
+SEED_MODULUS = 2**63  # the engine's seeds are below it; a larger seed is taken modulo it
 
-# Fields accepted only at their neutral value: the value a request may carry, and why anything else fails.
+# Fields accepted only at their neutral value: the values a request may carry, and why anything else fails.
 _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "n": ((None, 1), "only n=1 is supported: one choice per request"),
     "best_of": ((None, 1), "best_of is not supported"),
@@ -28,8 +32,8 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "suffix is not supported"),
     "logprobs": ((None, False, 0), "logprobs are not supported"),
     "top_logprobs": ((None, 0), "top_logprobs are not supported"),
-    "presence_penalty": ((None, 0, 0.0), "presence_penalty is not supported (send 0)"),
-    "frequency_penalty": ((None, 0, 0.0), "frequency_penalty is not supported (send 0)"),
+    "presence_penalty": ((None, 0), "presence_penalty is not supported (send 0)"),
+    "frequency_penalty": ((None, 0), "frequency_penalty is not supported (send 0)"),
     "logit_bias": ((None, {}), "logit_bias is not supported"),
     "tools": ((None, []), "tools are not supported"),
     "functions": ((None, []), "functions are not supported"),
@@ -37,39 +41,40 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
 
 
 class StreamOptions(RequestBody):
-    include_usage: bool = False
+    include_usage: JsonBool = False
 
 
 class _GenerationBody(RequestBody):
     """What completions and chat completions share."""
 
-    model: str | None = Field(None, description="the served model's name (GET /v1/models); optional")
-    max_tokens: int | None = Field(None, ge=0, description="tokens to generate at most (capped to what the "
-                                                           "model's positions leave after the prompt)")
-    temperature: float | None = Field(None, ge=0, le=2, description="below 1e-5 (0 included) = greedy (default 1)")
-    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass (default 1)")
-    stop: str | list[str] = Field([], description=f"strings that end the generation (not returned): at most "
-                                                  f"{MAX_STOP_STRINGS}, each 1-{MAX_STOP_CHARS} characters")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="makes sampling reproducible")
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="the cache namespace, when the server has no API keys and "
-                                               "no X-Chunkstore-Namespace header is sent")
-    ignore_eos: bool = Field(False, description="extension: keep generating past end-of-sequence tokens")
-    n: int | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    model_config = ConfigDict(json_schema_extra=neutral_fields(_NEUTRAL))
 
-    @field_validator(*_NEUTRAL, mode="after", check_fields=False)
+    model: str | None = Field(None, description="the served model's name (GET /v1/models); optional")
+    max_tokens: json_int(ge=0) | None = Field(
+        None, description="tokens to generate at most (capped to what the model's positions leave after the prompt)")
+    temperature: Annotated[JsonFloat, Field(ge=0, le=2)] | None = Field(
+        None, description="below 1e-5 (0 included) = greedy (default 1)")
+    top_p: Annotated[JsonFloat, Field(gt=0, le=1)] | None = Field(None, description="nucleus sampling mass (default 1)")
+    stop: Stop = Field([], description=f"strings that end the generation (not returned): at most "
+                                       f"{MAX_STOP_STRINGS}, each 1-{MAX_STOP_CHARS} characters")
+    seed: json_int(ge=0) | None = Field(
+        None, description="makes sampling reproducible (taken modulo 2^63)")
+    stream: JsonBool = False
+    stream_options: StreamOptions | None = None
+    user: NamespaceText | None = Field(None, description="the cache namespace, when the server has no API keys and "
+                                                         "no X-Chunkstore-Namespace header is sent (empty: not given)")
+    ignore_eos: JsonBool = Field(False, description="extension: keep generating past end-of-sequence tokens")
+    n: JsonInt | None = None
+    logprobs: Any = None
+    top_logprobs: JsonInt | None = None
+    presence_penalty: JsonFloat | None = None
+    frequency_penalty: JsonFloat | None = None
+    logit_bias: dict[str, JsonFloat] | None = None
+
+    @field_validator(*_NEUTRAL, mode="before", check_fields=False)
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
-        allowed, message = _NEUTRAL[info.field_name]
-        if value not in allowed:
-            raise ValueError(message)
-        return value
+        return neutral_value(_NEUTRAL, info.field_name, value)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -88,38 +93,38 @@ class _GenerationBody(RequestBody):
         requested = self.requested_max_tokens()
         max_tokens = requested if requested is not None else default_max_tokens
         return SamplingParams(max_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop),
-                              seed=self.seed, ignore_eos=self.ignore_eos)
+                              top_p=1.0 if self.top_p is None else self.top_p, stop=tuple(self.stop or ()),
+                              seed=None if self.seed is None else self.seed % SEED_MODULUS,
+                              ignore_eos=self.ignore_eos)
 
 
 class CompletionRequest(_GenerationBody):
     """POST /v1/completions. ``prompt``: text, or token ids; a list of one of either is taken as that one."""
 
-    prompt: str | list[StrictInt]
-    best_of: int | None = None
-    echo: bool | None = None
+    prompt: PromptText | TokenIds | one_of_batch(PromptText) | one_of_batch(TokenIds) = Field(
+        description="text or token ids (a batch of one is taken as that one); never empty")
+    best_of: JsonInt | None = None
+    echo: JsonBool | None = None
     suffix: str | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: Any) -> Any:
-        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-            if len(value) != 1:
-                raise ValueError("batches of prompts are not supported: send one prompt per request")
-            return value[0]
-        return value
+        return one_prompt(value, "prompt")
 
-    @field_validator("prompt", mode="after")
-    @classmethod
-    def _some_prompt(cls, value: str | list[int]) -> str | list[int]:
-        return non_empty_prompt(value)
+
+class TextPart(RequestBody):
+    """A part of a message's content; only text parts are supported."""
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(RequestBody):
     """One message; ``content`` is text, or a list of text parts (joined)."""
 
     role: str = Field(min_length=1)
-    content: str | None = None
+    content: str | list[TextPart] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -136,19 +141,26 @@ class ChatMessage(RequestBody):
         return "".join(texts)
 
 
+class ResponseFormat(RequestBody):
+    """Only the text format is supported."""
+
+    type: Literal["text"] = "text"
+
+
 class ChatCompletionRequest(_GenerationBody):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0, description="newer name of max_tokens; wins over it")
+    max_completion_tokens: json_int(ge=0) | None = Field(
+        None, description="newer name of max_tokens; wins over it")
     tools: list[Any] | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
-    @field_validator("response_format", mode="after")
+    @field_validator("response_format", mode="before")
     @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type", "text") != "text":
+    def _text_format(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type", "text") != "text":
             raise ValueError("only the text response format is supported")
         return value
 

@@ -2,23 +2,26 @@
 
 Invariants: the names are SGLang's (``max_new_tokens``, ``sampling_seed``, ``meta_info``, a
 ``finish_reason`` object with a ``type``), so tools written for SGLang servers run unchanged;
-parameters the engine cannot honour are refused (400 naming them) unless neutral; unknown fields
-are ignored; ``meta_info.cached_tokens_details`` (device, host, disk) sums to ``cached_tokens``;
-request models are ``RequestBody``s (request_fields.py: strings that encode, bounded stop lists)
-and ``rid``, echoed in every event of a stream, is at most ``MAX_RID_CHARS`` characters.
+parameters the engine cannot honour are refused (400 naming them) unless neutral, and the spec
+lists their neutral values only; exactly one of ``text`` and ``input_ids`` (the spec says so too);
+unknown fields are ignored; ``meta_info.cached_tokens_details`` (device, host, disk) sums to
+``cached_tokens``; request models are ``RequestBody``s (request_fields.py: JSON's types strictly,
+strings that encode, bounded stop lists, prompts never empty) and ``rid``, echoed in every event
+of a stream, is at most ``MAX_RID_CHARS`` characters.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (AliasChoices, BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from chunkstore.engine import FinishReason, GenerationResult, SamplingParams
 from chunkstore.engine.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TEMPERATURE
-from chunkstore.server.openai_schemas import MAX_SEED, CachedTokensDetails
-from chunkstore.server.request_fields import RequestBody, non_empty_prompt, stop_list
+from chunkstore.http.json_types import JsonBool, JsonFloat, JsonInt, json_int
+from chunkstore.server.openai_schemas import SEED_MODULUS, CachedTokensDetails
+from chunkstore.server.request_fields import (PromptText, RequestBody, Stop, TokenIds, neutral_fields, neutral_value,
+                                              one_of_batch, one_prompt, stop_list)
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 MAX_RID_CHARS = 256  # a rid is echoed in every event of a stream
@@ -26,11 +29,11 @@ MAX_RID_CHARS = 256  # a rid is echoed in every event of a stream
 _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "n": ((1,), "only n=1 is supported"),
     "top_k": ((-1, 0), "top_k is not supported (send -1)"),
-    "min_p": ((0, 0.0), "min_p is not supported (send 0)"),
+    "min_p": ((0,), "min_p is not supported (send 0)"),
     "min_new_tokens": ((0,), "min_new_tokens is not supported"),
-    "frequency_penalty": ((0, 0.0), "frequency_penalty is not supported (send 0)"),
-    "presence_penalty": ((0, 0.0), "presence_penalty is not supported (send 0)"),
-    "repetition_penalty": ((1, 1.0), "repetition_penalty is not supported (send 1)"),
+    "frequency_penalty": ((0,), "frequency_penalty is not supported (send 0)"),
+    "presence_penalty": ((0,), "presence_penalty is not supported (send 0)"),
+    "repetition_penalty": ((1,), "repetition_penalty is not supported (send 1)"),
     "stop_token_ids": ((None, []), "stop_token_ids are not supported (use stop strings)"),
     "json_schema": ((None,), "constrained decoding (json_schema) is not supported"),
     "regex": ((None,), "constrained decoding (regex) is not supported"),
@@ -41,45 +44,49 @@ _NEUTRAL: dict[str, tuple[tuple[Any, ...], str]] = {
     "lora_path": ((None, ""), "LoRA adapters are not supported"),
 }
 
+_NOT_NULL = {"not": {"type": "null"}}
 
-def _neutral(value: Any, info: ValidationInfo) -> Any:
-    allowed, message = _NEUTRAL[info.field_name]
-    if value not in allowed:
-        raise ValueError(message)
-    return value
+
+def _one_prompt_schema(schema: dict[str, Any], model: type) -> None:
+    """The spec of GenerateRequest: exactly one of ``text`` and ``input_ids`` is given (not null)."""
+    neutral_fields(_NEUTRAL)(schema, model)
+    schema["oneOf"] = [{"required": [name], "properties": {name: _NOT_NULL}} for name in ("text", "input_ids")]
 
 
 class GenerateSamplingParams(RequestBody):
     """SGLang's ``sampling_params``."""
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, json_schema_extra=neutral_fields(_NEUTRAL))
 
-    max_new_tokens: int = Field(SGLANG_DEFAULT_MAX_NEW_TOKENS, ge=0,
-                                description="capped to what the model's positions leave after the prompt")
-    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE, description="below 1e-5 (0 included) = greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
-    stop: str | list[str] = Field([], description=f"at most {MAX_STOP_STRINGS} strings, each 1-{MAX_STOP_CHARS} "
-                                                  f"characters")
-    ignore_eos: bool = False
-    sampling_seed: int | None = Field(None, ge=0, le=MAX_SEED, validation_alias=AliasChoices("sampling_seed", "seed"))
-    n: int = 1
-    top_k: int = -1
-    min_p: float = 0.0
-    min_new_tokens: int = 0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop_token_ids: list[int] | None = None
+    max_new_tokens: json_int(ge=0) = Field(
+        SGLANG_DEFAULT_MAX_NEW_TOKENS, description="capped to what the model's positions leave after the prompt")
+    temperature: Annotated[JsonFloat, Field(ge=0, le=MAX_TEMPERATURE)] = Field(
+        1.0, description="below 1e-5 (0 included) = greedy")
+    top_p: Annotated[JsonFloat, Field(gt=0, le=1)] = 1.0
+    stop: Stop = Field([], description=f"at most {MAX_STOP_STRINGS} strings, each 1-{MAX_STOP_CHARS} characters")
+    ignore_eos: JsonBool = False
+    sampling_seed: json_int(ge=0) | None = Field(
+        None, validation_alias=AliasChoices("sampling_seed", "seed"),
+        description="makes sampling reproducible (taken modulo 2^63); `seed` is taken too")
+    n: JsonInt = 1
+    top_k: JsonInt = -1
+    min_p: JsonFloat = 0.0
+    min_new_tokens: JsonInt = 0
+    frequency_penalty: JsonFloat = 0.0
+    presence_penalty: JsonFloat = 0.0
+    repetition_penalty: JsonFloat = 1.0
+    stop_token_ids: list[JsonInt] | None = None
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None
-    no_stop_trim: bool = False
+    no_stop_trim: JsonBool = False
 
     @field_validator("n", "top_k", "min_p", "min_new_tokens", "frequency_penalty", "presence_penalty",
-                     "repetition_penalty", "stop_token_ids", "json_schema", "regex", "ebnf", "no_stop_trim")
+                     "repetition_penalty", "stop_token_ids", "json_schema", "regex", "ebnf", "no_stop_trim",
+                     mode="before")
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
-        return _neutral(value, info)
+        return neutral_value(_NEUTRAL, info.field_name, value)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -88,58 +95,52 @@ class GenerateSamplingParams(RequestBody):
 
     def engine_params(self) -> SamplingParams:
         """Raises ValueError for what the engine refuses (e.g. temperature above 100)."""
+        seed = None if self.sampling_seed is None else self.sampling_seed % SEED_MODULUS
         return SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                              stop=tuple(self.stop), seed=self.sampling_seed, ignore_eos=self.ignore_eos)
-
-
-def _single(value: Any, name: str) -> Any:
-    """A batch of one is that one; larger batches are refused."""
-    if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-        if len(value) != 1:
-            raise ValueError(f"batches are not supported: send one {name} per request")
-        return value[0]
-    return value
+                              stop=tuple(self.stop or ()), seed=seed, ignore_eos=self.ignore_eos)
 
 
 class GenerateRequest(RequestBody):
     """POST /generate: exactly one of ``text`` and ``input_ids``."""
 
-    text: str | None = None
-    input_ids: list[StrictInt] | None = None
-    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
-    stream: bool = False
+    model_config = ConfigDict(json_schema_extra=_one_prompt_schema)
+
+    text: PromptText | one_of_batch(PromptText) | None = Field(None, description="a batch of one is taken as that one")
+    input_ids: TokenIds | one_of_batch(TokenIds) | None = Field(None, description="a batch of one is taken as that one")
+    sampling_params: GenerateSamplingParams | one_of_batch(GenerateSamplingParams) | None = Field(
+        default_factory=GenerateSamplingParams, description="a batch of one is taken as that one; null: the defaults")
+    stream: JsonBool = False
     rid: str | None = Field(None, max_length=MAX_RID_CHARS,
                             description="request id echoed as meta_info.id (default: a fresh one)")
-    return_logprob: bool | None = None
+    return_logprob: JsonBool | None = None
     image_data: Any = None
     lora_path: Any = None
 
-    @field_validator("return_logprob", "image_data", "lora_path")
+    @field_validator("return_logprob", "image_data", "lora_path", mode="before")
     @classmethod
     def _neutral_only(cls, value: Any, info: ValidationInfo) -> Any:
-        return _neutral(value, info)
+        return neutral_value(_NEUTRAL, info.field_name, value)
 
     @field_validator("text", mode="before")
     @classmethod
     def _one_text(cls, value: Any) -> Any:
-        return _single(value, "text")
+        return one_prompt(value, "text")
 
     @field_validator("input_ids", mode="before")
     @classmethod
     def _one_input(cls, value: Any) -> Any:
-        return _single(value, "input_ids list")
-
-    @field_validator("text", "input_ids", mode="after")
-    @classmethod
-    def _some_prompt(cls, value: Any) -> Any:
-        return non_empty_prompt(value)
+        return one_prompt(value, "input_ids list")
 
     @field_validator("sampling_params", mode="before")
     @classmethod
     def _one_params(cls, value: Any) -> Any:
         if value is None:
             return {}
-        return _single(value, "sampling_params") if isinstance(value, list) else value
+        if not isinstance(value, list):
+            return value
+        if len(value) != 1 or not isinstance(value[0], dict):
+            raise ValueError("batches are not supported: send one sampling_params object per request")
+        return value[0]
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "GenerateRequest":

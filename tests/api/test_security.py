@@ -222,3 +222,40 @@ def test_destructive_calls_are_logged(store_server, caplog):
     assert "/api/v1/evict" in records[0].getMessage() and '"bytes_to_free": 1500' in records[0].getMessage()
     assert '"tier": "disk"' in records[1].getMessage() and "by admin" in records[1].getMessage()
     assert ADMIN not in caplog.text
+
+
+@pytest.mark.parametrize("content", [b'{"bytes_to_free": 1', b'{"namespace": "\xff"}', b"[" * 200 + b"]" * 200])
+def test_tokens_are_checked_before_a_body_is_read(store_server, content):
+    """A caller without a valid token learns nothing from the body it sent: 401 comes first."""
+    json_type = {"Content-Type": "application/json"}
+    for path in ("/evict", "/clear", "/jobs/gc", "/namespaces/default/quota", "/config"):
+        method = {"/namespaces/default/quota": "PUT", "/config": "PATCH"}.get(path, "POST")
+        with store_server.client(token=None) as c:
+            r = c.request(method, path, content=content, headers=json_type)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key", (path, r.text)
+            assert r.headers["www-authenticate"] == "Bearer" and r.headers["cache-control"] == "no-store"
+        with store_server.client(token="wrong") as c:
+            r = c.request(method, path, content=content, headers=json_type)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+        with store_server.client() as c:
+            r = c.request(method, path, content=content, headers=json_type)
+            assert r.status_code == 400, (path, r.text)
+            assert r.json()["error"]["code"] in ("invalid_json", "invalid_encoding", "too_deep")
+
+
+def test_a_namespace_token_gets_403_for_what_it_may_not_do_once_its_body_is_read(store_server):
+    with store_server.client(token=TENANT) as c:
+        assert c.patch("/config", json={"disk_size": 1.0}).status_code == 403
+        r = c.patch("/config", content=b"{", headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_405_names_every_method_of_the_path(store_server):
+    with store_server.client() as c:
+        for method, path, allow in (("OPTIONS", "/config", "GET, PATCH"), ("PUT", "/config", "GET, PATCH"),
+                                    ("GET", "/jobs/gc", "POST"), ("GET", "/evict", "POST"),
+                                    ("DELETE", "/namespaces/default/quota", "PUT"),
+                                    ("POST", "/namespaces/default", "DELETE")):
+            r = c.request(method, path, json={"bytes_to_free": 1})
+            assert r.status_code == 405 and r.headers["allow"] == allow, (method, path, r.headers, r.text)
+            assert r.json()["error"]["code"] == "method_not_allowed"

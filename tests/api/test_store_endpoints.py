@@ -114,14 +114,19 @@ def test_quota(store_server):
         assert s.quota("default") is None
 
 
-def test_quota_of_a_namespace_with_a_slash(store_server):
+def test_a_namespace_is_one_path_segment(store_server):
+    """A namespace holds no '/' (the one rule every layer keeps), so a path of more segments, '/'
+    escaped or not, names no namespace; a segment that breaks the rule is refused by name; nothing
+    is set by either."""
     with store_server.client() as c:
-        r = c.put("/namespaces/team%2Fa/quota", json={"quota_bytes": 7000})
-        assert r.status_code == 200, r.text
-        assert (r.json()["namespace"], r.json()["quota_bytes"]) == ("team/a", 7000)
-        assert c.put("/namespaces/team/b/quota", json={"quota_bytes": 8000}).json()["namespace"] == "team/b"
+        for path in ("/namespaces/team%2Fa/quota", "/namespaces/team/b/quota"):
+            assert c.put(path, json={"quota_bytes": 7000}).json()["error"]["code"] == "not_found"
+        r = c.put("/namespaces/team%01a/quota", json={"quota_bytes": 7000})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+        assert c.put("/namespaces/team-a/quota", json={"quota_bytes": 7000}).json()["namespace"] == "team-a"
     with ChunkStore(store_server.root, TINY, read_only=True) as s:
-        assert (s.quota("team/a"), s.quota("team/b")) == (7000, 8000)
+        assert s.quota("team-a") == 7000
+        assert (s.quota("team"), s.quota("b")) == (None, None)
 
 
 def test_dry_run_changes_nothing_and_eviction_reaches_the_disk(store_server):

@@ -60,6 +60,7 @@ def test_invalid_json_and_bodies_that_are_not_objects(served):
     bad = served.client.post("/v1/completions", content=b'{"prompt": "x",',
                              headers={"content-type": "application/json"})
     assert_error(bad, 400, code="invalid_json", says="not valid JSON")
+    assert "line 1 column 16" in bad.json()["error"]["message"]  # where
     form = served.client.post("/generate", content=b'{"text": "x"}',
                               headers={"content-type": "application/x-www-form-urlencoded"})
     assert_error(form, 400, says="Content-Type: application/json")
@@ -68,7 +69,12 @@ def test_invalid_json_and_bodies_that_are_not_objects(served):
 
 def test_unknown_routes_and_methods(served):
     assert_error(served.client.get("/v1/nothing"), 404, code="not_found")
-    assert_error(served.client.get("/v1/completions"), 405, code="method_not_allowed")
+    reply = served.client.get("/v1/completions")
+    assert_error(reply, 405, code="method_not_allowed")
+    assert reply.headers["allow"] == "POST"
+    reply = served.client.options("/generate")
+    assert_error(reply, 405, code="method_not_allowed")
+    assert reply.headers["allow"] == "POST"
 
 
 def test_namespace_must_be_sane(served):

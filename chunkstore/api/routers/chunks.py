@@ -23,7 +23,7 @@ from chunkstore.api.deps import BackendDep, ReaderDep, WriterDep, audit, check_n
 from chunkstore.api.errors import ERROR_RESPONSES, AdminError
 from chunkstore.api.security import Role
 from chunkstore.api.schemas.chunks import ChunkDetail, ChunkFilePublic, ChunkPublic, ChunksPage
-from chunkstore.api.schemas.common import KEY_PATTERN, NAMESPACE_PATTERN, TierName
+from chunkstore.api.schemas.common import KEY_PATTERN, MAX_BYTES, NAMESPACE_PATTERN, TierName
 
 router = APIRouter(prefix="/chunks", tags=["chunks"], dependencies=[Depends(require_reader)],
                    responses=ERROR_RESPONSES)
@@ -40,8 +40,8 @@ class ChunkFilter(BaseModel):
     tier: TierName | None = Field(None, description="disk (the default): chunks on disk; device or host: the "
                                                      "pages that tier holds, on disk or not")
     pinned: bool | None = None
-    min_size: int | None = Field(None, ge=0, le=2**62, description="stored bytes, at least")
-    max_size: int | None = Field(None, ge=0, le=2**62, description="stored bytes, at most")
+    min_size: int | None = Field(None, ge=0, le=MAX_BYTES, description="stored bytes, at least")
+    max_size: int | None = Field(None, ge=0, le=MAX_BYTES, description="stored bytes, at most")
     accessed_before: float | None = Field(None, allow_inf_nan=False, description="last access before (epoch s)")
     accessed_after: float | None = Field(None, allow_inf_nan=False, description="last access at or after (epoch s)")
     sort: ChunkOrder = ChunkOrder.LAST_ACCESS

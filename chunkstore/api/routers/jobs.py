@@ -1,11 +1,15 @@
 """POST /jobs/verify, /jobs/rebuild, /jobs/gc (background, one of a kind at a time: 409 otherwise),
-GET /jobs and GET /jobs/{id} (progress, then the result or the error)."""
+GET /jobs and GET /jobs/{id} (progress, then the result or the error).
+
+Invariant: ``/jobs/{id}`` never takes a job kind's name (a path convertor; the spec says so too),
+so ``GET /jobs/gc`` is the gc resource's 405 (``Allow: POST``), not a search for a job named "gc"."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Request
+from starlette.convertors import StringConvertor, register_url_convertor
 
 from chunkstore.api.deps import AdminDep, GlobalReaderDep, RuntimeDep, audit, require_reader
 from chunkstore.api.errors import ERROR_RESPONSES, AdminError
@@ -14,6 +18,17 @@ from chunkstore.api.runtime import AdminRuntime
 from chunkstore.api.schemas.jobs import GcParams, JobList, JobPublic, RebuildParams, VerifyParams
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(require_reader)], responses=ERROR_RESPONSES)
+
+_KINDS = [kind.value for kind in JobKind]
+
+
+class _JobIdConvertor(StringConvertor):
+    """A path segment that is not the name of a job kind (those are resources of their own)."""
+
+    regex = rf"(?!(?:{'|'.join(_KINDS)})$)[^/]+"
+
+
+register_url_convertor("job_id", _JobIdConvertor())  # Starlette's convertors are one table, keyed by name
 
 
 def _start(request: Request, caller, runtime: AdminRuntime, kind: JobKind, params: dict,
@@ -61,8 +76,9 @@ def list_jobs(caller: GlobalReaderDep, runtime: RuntimeDep) -> JobList:
     return JobList(items=[JobPublic.of(j) for j in runtime.jobs.list()])
 
 
-@router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: Annotated[str, Path(max_length=64)], caller: GlobalReaderDep, runtime: RuntimeDep) -> JobPublic:
+@router.get("/{job_id:job_id}", response_model=JobPublic)
+def get_job(job_id: Annotated[str, Path(max_length=64, json_schema_extra={"not": {"enum": _KINDS}})],
+            caller: GlobalReaderDep, runtime: RuntimeDep) -> JobPublic:
     job = runtime.jobs.get(job_id)
     if job is None:
         raise AdminError.not_found(f"no job {job_id} (finished jobs are kept for a while only)", "job_id")

@@ -42,7 +42,7 @@ def list_namespaces(caller: ReaderDep, backend: BackendDep) -> NamespaceList:
     return NamespaceList(items=_namespaces(backend, caller.namespace))
 
 
-@router.put("/{namespace:path}/quota", response_model=NamespacePublic)  # :path: a namespace may hold "/"
+@router.put("/{namespace}/quota", response_model=NamespacePublic)  # one path segment: a namespace holds no "/"
 def set_quota(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_length=256)], body: QuotaUpdate,
               request: Request, caller: AdminDep, backend: BackendDep) -> NamespacePublic:
     """Bound (or, with null, unbound) the stored bytes of a namespace. Admin token only."""
@@ -63,7 +63,18 @@ def _drop_from_memory(backend: AdminBackend, namespace: str) -> tuple[int, int]:
     return removed, left
 
 
-@router.delete("/{namespace:path}", response_model=NamespaceDeleted)
+def _check_shreddable(backend: AdminBackend) -> None:
+    """Raises AdminError unless the backend has a sealed disk tier (a shred destroys a key)."""
+    try:
+        with backend.using_store() as store:
+            if not store.is_sealed:
+                raise AdminError.invalid("shred needs a sealed store (chunkstore serve --seal-key); without "
+                                         "it, delete the namespace without shred", "shred")
+    except NoDiskTierError:
+        raise AdminError.invalid("shred needs a sealed disk tier; this cache has no disk tier", "shred") from None
+
+
+@router.delete("/{namespace}", response_model=NamespaceDeleted)
 def delete_namespace(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, max_length=256)], request: Request,
                      caller: AdminDep, backend: BackendDep,
                      shred: Annotated[bool, Query(description="a sealed store only: destroy the namespace's key "
@@ -75,6 +86,8 @@ def delete_namespace(namespace: Annotated[str, Path(pattern=NAMESPACE_PATTERN, m
     Pages that requests in progress lock stay in memory (``memory_pages_left``): once released
     they may be written down again. Admin token only."""
     audit(request, caller, {"namespace": namespace, "shred": shred})
+    if shred:
+        _check_shreddable(backend)  # before anything is dropped: a refused request changes nothing
     removed, _ = _drop_from_memory(backend, namespace)
     num_chunks = stored_bytes = 0
     key_destroyed = None

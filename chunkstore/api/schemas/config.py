@@ -9,6 +9,7 @@ needs the page size); a refused PATCH changes and keeps nothing."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -109,6 +110,16 @@ _NUMBERS = {"prefetch_timeout_s": "seconds", "write_through_threshold": "hits",
             "disk_load_host_share": "a fraction from 0 to 1", "disk_size": "GB (10^9 bytes), or null for unbounded"}
 
 
+def min_disk_size_gb(page_size_bytes: int) -> float:
+    """The least disk_size (GB) that holds a page of ``page_size_bytes``, as the cache turns GB into
+    bytes (``int(gb * GB)``, so the float just above ``page / GB`` where that rounds down): the
+    spec's minimum and the PATCH's check, the same number."""
+    least = page_size_bytes / GB
+    while int(least * GB) < page_size_bytes:
+        least = math.nextafter(least, math.inf)
+    return least
+
+
 class ConfigPatch(BaseModel):
     """Settings to change now, and (unless ``?persist=false``) kept for the next start, where the
     flags and environment still win. ``disk_size`` (GB, null: unbounded) applies at the next put,
@@ -146,9 +157,10 @@ class ConfigPatch(BaseModel):
 
     def check_disk_size(self, page_size_bytes: int) -> None:
         """Raises ValueError (naming disk_size) when the disk_size given holds no whole page."""
-        if self.disk_size is not None and int(self.disk_size * GB) < page_size_bytes:
+        least = min_disk_size_gb(page_size_bytes)
+        if self.disk_size is not None and self.disk_size < least:
             raise ValueError(f"disk_size: {self.disk_size:g} GB holds no page of {page_size_bytes} bytes; give at "
-                             f"least {page_size_bytes / GB:g}, or null for unbounded")
+                             f"least {least!r}, or null for unbounded")
 
     def changes(self) -> dict[str, Any]:
         """The settings given, nulls included where they mean something (disk_size: unbounded)."""

@@ -1,13 +1,39 @@
 """The cache-operations family: EvictRequest/EvictResult (POST /evict), FlushRequest/FlushResult,
-ClearRequest/ClearResult."""
+ClearRequest/ClearResult.
+
+Invariant: the spec states every rule a request is checked against, the rules between fields of
+an EvictRequest too (``_EVICT_RULES``, the JSON Schema form of ``EvictRequest._check``)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from chunkstore.api.schemas.common import BackendName, KeyHex, NamespaceName, RequestBody, TierName
+from chunkstore.api.schemas.common import (BackendName, KeyHex, NamespaceName, RequestBody, TierName, json_int,
+                                           size_bytes)
+from chunkstore.http.json_types import JsonBool, JsonFloat
+
+
+def _given(name: str, json_type: str) -> dict[str, Any]:
+    """JSON Schema: ``name`` is given, and not null."""
+    return {"required": [name], "properties": {name: {"type": json_type}}}
+
+
+_SELECTORS = (("bytes_to_free", "integer"), ("fraction", "number"), ("namespace", "string"), ("key", "string"),
+              ("older_than_s", "number"))
+_EVICT_RULES = [
+    {"not": {"allOf": [_given("bytes_to_free", "integer"), _given("fraction", "number")]}},
+    {"if": {"required": ["descendants"], "properties": {"descendants": {"const": True}}},
+     "then": _given("key", "string")},
+    {"if": _given("key", "string"),
+     "then": {"properties": {name: {"type": "null"} for name in ("bytes_to_free", "fraction", "older_than_s")}}},
+    {"anyOf": [_given(name, json_type) for name, json_type in _SELECTORS]},
+]
+
+
+def _evict_rules(schema: dict[str, Any], model: type) -> None:
+    schema["allOf"] = _EVICT_RULES
 
 
 class EvictRequest(RequestBody):
@@ -15,15 +41,19 @@ class EvictRequest(RequestBody):
     ``fraction`` (of the cached pages or stored bytes, of ``namespace`` when given), ``older_than_s``
     (last access) and ``namespace``; pinned chunks (disk) and locked pages (memory) never go."""
 
+    model_config = ConfigDict(json_schema_extra=_evict_rules)
+
     tier: TierName = "disk"
-    bytes_to_free: int | None = Field(None, ge=1, le=2**62)
-    fraction: float | None = Field(None, gt=0, le=1)
+    bytes_to_free: size_bytes(ge=1) | None = Field(None, description="not with fraction, nor with key")
+    fraction: Annotated[JsonFloat, Field(gt=0, le=1)] | None = Field(None, description="not with bytes_to_free, "
+                                                                                       "nor with key")
     namespace: NamespaceName | None = None
     key: KeyHex | None = None
-    descendants: bool = Field(False, description="with key: also every stored chunk that extends it")
-    older_than_s: float | None = Field(None, ge=0, le=1e10, description="chunks last accessed longer ago than this")
-    dry_run: bool = Field(False, description="answer what would go, changing nothing")
-    max_chunks: int = Field(10_000, ge=1, le=100_000, description="disk: at most this many chunks per call")
+    descendants: JsonBool = Field(False, description="with key: also every stored chunk that extends it")
+    older_than_s: Annotated[JsonFloat, Field(ge=0, le=1e10)] | None = Field(
+        None, description="chunks last accessed longer ago than this (not with key)")
+    dry_run: JsonBool = Field(False, description="answer what would go, changing nothing")
+    max_chunks: json_int(ge=1, le=100_000) = Field(10_000, description="disk: at most this many chunks per call")
 
     @model_validator(mode="after")
     def _check(self) -> "EvictRequest":
@@ -55,7 +85,8 @@ class EvictResult(BaseModel):
 
 
 class FlushRequest(RequestBody):
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="longest wait for the transfers")
+    timeout_s: Annotated[JsonFloat, Field(gt=0, le=3600)] | None = Field(None, description="longest wait for the "
+                                                                                          "transfers")
 
 
 class FlushResult(BaseModel):
@@ -66,14 +97,16 @@ class FlushResult(BaseModel):
 
 class ClearRequest(RequestBody):
     tier: Literal["device", "host", "disk", "all"]
-    confirm: bool = Field(False, description="must be true: clearing the disk tier deletes every chunk, "
-                                             "pinned ones included")
+    confirm: Literal[True] = Field(description="must be true: clearing the disk tier deletes every chunk, "
+                                               "pinned ones included")
 
-    @model_validator(mode="after")
-    def _confirmed(self) -> "ClearRequest":
-        if not self.confirm:
-            raise ValueError(f"clearing {self.tier} removes every page there: send confirm: true to go ahead")
-        return self
+    @field_validator("confirm", mode="before")
+    @classmethod
+    def _confirmed(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not True:
+            tier = info.data.get("tier", "a tier")
+            raise ValueError(f"clearing {tier} removes every page there: send confirm: true to go ahead")
+        return value
 
 
 class ClearResult(BaseModel):

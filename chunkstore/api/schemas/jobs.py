@@ -5,11 +5,12 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from chunkstore.api.jobs import Job, JobKind, JobState
-from chunkstore.api.schemas.common import RequestBody
+from chunkstore.api.schemas.common import RequestBody, size_bytes
+from chunkstore.http.json_types import JsonBool
 
 
 class VerifyParams(RequestBody):
-    repair: bool = Field(False, description="quarantine corrupt files, drop rows of missing ones, adopt orphans")
+    repair: JsonBool = Field(False, description="quarantine corrupt files, drop rows of missing ones, adopt orphans")
 
 
 class RebuildParams(RequestBody):
@@ -17,8 +18,8 @@ class RebuildParams(RequestBody):
 
 
 class GcParams(RequestBody):
-    purge_quarantine: bool = False
-    disk_size_bytes: int | None = Field(None, ge=1, le=2**62, description="evict down to this many stored bytes")
+    purge_quarantine: JsonBool = False
+    disk_size_bytes: size_bytes(ge=1) | None = Field(None, description="evict down to this many stored bytes")
 
 
 class VerifyResult(BaseModel):

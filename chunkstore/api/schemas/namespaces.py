@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from chunkstore.api.schemas.common import RequestBody
+from chunkstore.api.schemas.common import RequestBody, size_bytes
 from chunkstore.cache.stats import NamespaceLookups
 from chunkstore.disk.store import NamespaceStats
 
@@ -53,7 +53,7 @@ class NamespaceList(BaseModel):
 
 
 class QuotaUpdate(RequestBody):
-    quota_bytes: int | None = Field(ge=0, le=2**62, description="stored bytes the namespace may use; null removes "
+    quota_bytes: size_bytes(ge=0) | None = Field(description="stored bytes the namespace may use; null removes "
                                                                 "the quota. Applies at its next put, which evicts "
                                                                 "within the namespace to fit")
 

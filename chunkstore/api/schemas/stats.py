@@ -204,6 +204,8 @@ class ServingPublic(BaseModel):
 
     requests_total: int = Field(description="completed requests: finished (any finish reason) or failed")
     requests_failed: int = Field(description="completed with an error")
+    requests_cancelled: int = Field(description="finished as abort: their client went away (a stream cut "
+                                                   "or a connection closed while generating), or the server shut down")
     requests_active: int = Field(description="accepted and not completed (queued or running)")
     prompt_tokens_total: int
     cached_tokens_total: int = Field(description="prompt tokens whose KV came from the cache")
@@ -217,6 +219,7 @@ class ServingPublic(BaseModel):
     def of(cls, s) -> "ServingPublic":
         """From the engine's ``ServingSnapshot`` (read by attribute: the API never imports the engine)."""
         return cls(requests_total=s.requests_total, requests_failed=s.requests_failed,
+                   requests_cancelled=s.requests_cancelled,
                    requests_active=s.requests_active, prompt_tokens_total=s.prompt_tokens_total,
                    cached_tokens_total=s.cached_tokens_total, completion_tokens_total=s.completion_tokens_total,
                    ttft_sum_s=s.ttft_sum_s, ttft_count=s.ttft_count, latency_sum_s=s.latency_sum_s,
