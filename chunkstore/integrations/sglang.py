@@ -7,8 +7,11 @@ settings). Invariants: a page is stored under a key bound to the model identity 
 (model, TP/PP/CP/DP ranks, KV dtype and shape) and the namespace, beside SGLang's own page hash,
 so two models, ranks or tenants never share a chunk; every read is verified (a bad chunk is a miss
 for it and the pages after it, never wrong bytes); a set returns once its pages are copied out of
-the host pool, and the writer thread publishes them (a page is a hit only once published, so a
-write that fails is a miss later, never garbage). Uses the store's public methods only.
+the host pool, and the writer thread publishes them (a write that fails is a miss later, never
+garbage). What SGLang's tree assumes once a backup is acked holds: it lets go of the node's host
+pages and may prefetch them from storage at once, so an acked page is a hit at once, read from its
+queued copy until the store has it (as SGLang's own file backend, which writes before it acks).
+Uses the store's public methods only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from chunkstore.disk import (DEFAULT_LOCAL_COPY_BYTES, DEFAULT_NAMESPACE, ChunkStore, Codec, Durability, KeyProvider,
                              ModelIdentity, PageRef, engine_pages, store_root)
+from chunkstore.disk.namespaces import check_namespace
 from chunkstore.integrations.settings import (STORE_KEYS, check_keys, extra_dict, open_reader, open_writer, parsed,
                                              store_fields)
 from chunkstore.integrations.writer import PageWriter
@@ -47,7 +51,9 @@ _SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp
 
 @dataclass(frozen=True, slots=True)
 class BackendSettings:
-    """What the extra config sets; ``from_extra_config`` raises ValueError naming a bad key."""
+    """What the extra config sets; ``from_extra_config`` raises ValueError naming a bad key and its
+    value (a namespace breaking the rule of chunkstore/disk/namespaces.py among them), so a
+    backend SGLang cannot use is refused when SGLang builds it."""
 
     disk_path: Path = Path("chunkstore-data")
     disk_size_bytes: int | None = None  # the store's capacity (None: unbounded)
@@ -69,10 +75,8 @@ class BackendSettings:
         kw = store_fields(extra, "the extra config")
         if extra.get("quota") is not None:
             kw["quota_bytes"] = parsed("the extra config", "quota", parse_bytes, extra["quota"])
-        if "namespace" in extra:
-            if not isinstance(extra["namespace"], str) or not extra["namespace"]:
-                raise ValueError(f"namespace must be a non-empty string, got {extra['namespace']!r}")
-            kw["namespace"] = extra["namespace"]
+        if "namespace" in extra:  # the rule every layer keeps (chunkstore/disk/namespaces.py)
+            kw["namespace"] = parsed("the extra config", "namespace", check_namespace, extra["namespace"])
         return cls(**kw)
 
 
@@ -244,12 +248,43 @@ class ChunkstoreHiCache(HiCacheStorage):
 
     # ---- the zero-copy interface (interface_v1) --------------------------------------------------
 
+    def _stored_prefix(self, store: ChunkStore, pages: list[PageRef]) -> int:
+        """How many of ``pages``, from the first, are stored or queued to be (one index query when
+        nothing is queued)."""
+        keys = [p.key for p in pages]
+        n = store.longest_prefix(keys, self.settings.namespace)
+        while self._writer is not None and n < len(keys):
+            queued = self._writer.pending(keys[n:])
+            num_queued = next((i for i, copy in enumerate(queued) if copy is None), len(queued))
+            if not num_queued:
+                break
+            n += num_queued
+            if n < len(keys):
+                n += store.longest_prefix(keys[n:], self.settings.namespace)
+        return n
+
+    def _read_into(self, store: ChunkStore, pages: list[PageRef], outs: list[torch.Tensor]) -> list[bool]:
+        """Each page into its tensor of ``outs``: a page still queued for the writer from its copy
+        (what an acked backup promised), the others from the store (verified); whether each was
+        found."""
+        queued = self._writer.pending([p.key for p in pages]) if self._writer is not None else [None] * len(pages)
+        hits = [copy is not None for copy in queued]
+        for out, copy in zip(outs, queued):
+            if copy is not None:
+                out.copy_(copy)
+        rest = [i for i, hit in enumerate(hits) if not hit]
+        if rest:
+            for i, hit in zip(rest, store.get_into([pages[i] for i in rest], [outs[i] for i in rest])):
+                hits[i] = hit
+        return hits
+
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
-        """How many of ``keys``, from the first, are stored: one index query."""
+        """How many of ``keys``, from the first, are stored or queued to be (acked: SGLang may
+        have let go of the host copy already): one index query."""
         store = self._reader()
         if not keys or store is None:
             return 0
-        return store.longest_prefix([p.key for p in self._pages(keys)], self.settings.namespace)
+        return self._stored_prefix(store, self._pages(keys))
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Read ``keys`` into the host pool's pages at ``host_indices`` (in place, verified, on the
@@ -260,7 +295,7 @@ class ChunkstoreHiCache(HiCacheStorage):
             return [False] * len(keys)
         started = time.perf_counter()
         pages = self._pages(keys)
-        hits = store.get_into(pages, self.views.pages(host_indices, len(keys)))
+        hits = self._read_into(store, pages, self.views.pages(host_indices, len(keys)))
         if False in hits:
             first = hits.index(False)
             hits = hits[:first] + [False] * (len(hits) - first)
@@ -297,7 +332,7 @@ class ChunkstoreHiCache(HiCacheStorage):
         started = time.perf_counter()
         flats = list(target_locations) if target_locations is not None else [
             torch.empty(self.views.flat_shape, dtype=store.torch_dtype).flatten() for _ in keys]
-        hits = store.get_into(self._pages(keys), [self.views.from_flat(f) for f in flats])
+        hits = self._read_into(store, self._pages(keys), [self.views.from_flat(f) for f in flats])
         out: list[torch.Tensor | None] = []
         for flat, hit in zip(flats, hits):
             if not hit or (out and out[-1] is None):

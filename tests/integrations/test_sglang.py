@@ -84,6 +84,28 @@ def assert_pages(h, host_indices, expected):
         assert H.pages_equal(a, b), f"page {i} differs"
 
 
+@pytest.mark.parametrize("interface_v1", [1, 0])
+def test_a_prefetch_right_after_the_backup_ack_hits_every_page(make, data, interface_v1):
+    """Once SGLang's controller acks a backup, its tree lets go of the node's host pages and a next
+    request may prefetch them from storage at once. Here the store's writer cannot publish yet (its
+    lock is held), and the prefetch issued right after the ack still gets every page, byte-equal."""
+    h = make(config=extra_config(data, interface_v1=interface_v1))
+    store = h.storage_backend.store
+    tokens = H.make_tokens(NUM_PAGES, PAGE_SIZE, seed=7)
+    idx, pages = H.fill_host_pages(h, NUM_PAGES, seed=107)
+    with store.exclusive():  # no put publishes meanwhile
+        assert H.write_through(h, tokens, idx) == NUM_PAGES * PAGE_SIZE  # acked
+        assert store.num_chunks() == 0
+        fetched, fresh = H.prefetch(h, tokens)
+        assert fetched == NUM_PAGES * PAGE_SIZE
+        assert_pages(h, fresh, pages)
+    assert h.storage_backend.flush(timeout_s=30)
+    assert store.num_chunks() == NUM_PAGES
+    fetched, fresh = H.prefetch(h, tokens)  # now from the store
+    assert fetched == NUM_PAGES * PAGE_SIZE
+    assert_pages(h, fresh, pages)
+
+
 @pytest.mark.parametrize("layout", H.LAYOUTS)
 def test_write_through_then_prefetch_is_byte_equal(make, layout):
     h = make(layout)
@@ -337,3 +359,34 @@ def test_chunkstore_admin_shows_the_chunks_sglang_is_writing(make, data):
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+BAD_NAMESPACES = [("../..", "'/'"), ("x" * (1 << 20), "1048576 characters"), ("a\0b", "control character"),
+                  ("\ud800", "lone surrogate"), ("", "empty"), (".", "'.' and '..'"), (3, "text")]
+
+
+def _storage_config(extra: dict):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    return HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=False,
+                                model_name="test-model", extra_config=extra)
+
+
+@pytest.mark.parametrize("namespace, says", BAD_NAMESPACES, ids=[f"bad{i}" for i in range(len(BAD_NAMESPACES))])
+def test_a_bad_namespace_is_refused_when_sglang_builds_the_backend(data, namespace, says):
+    """The one rule of chunkstore/disk/namespaces.py, at construction: nothing is opened or made,
+    and a 1 MB namespace is named cut short."""
+    with pytest.raises(ValueError) as caught:
+        ChunkstoreHiCache(_storage_config(extra_config(data, namespace=namespace)))
+    message = str(caught.value)
+    assert message.startswith("the extra config 'namespace': namespace ") and says in message
+    assert len(message) < 600
+    assert not data.exists()
+
+
+def test_a_bad_namespace_stops_sglangs_controller_from_attaching_the_backend(make, data):
+    with pytest.raises(ValueError) as caught:
+        make(config=extra_config(data, namespace="../.."))
+    assert "'namespace'" in str(caught.value) and "'/'" in str(caught.value)
+    assert not data.exists()
