@@ -156,7 +156,8 @@ def test_a_write_chosen_as_a_deadlocks_victim_runs_again(postgres_url):
     errors: list[BaseException] = []
     try:
         index.insert([ChunkRow(k, b"\0" * 32, "ns", 4, 10, 10, 1.0, 1.0) for k in (x, y)])
-        with other.connect() as holder, other.connect() as watcher:
+        # The watcher in autocommit: within one transaction pg_stat_activity keeps its first snapshot.
+        with other.connect() as holder, other.connect().execution_options(isolation_level="AUTOCOMMIT") as watcher:
             holder.exec_driver_sql("BEGIN")
             holder.exec_driver_sql("SELECT key FROM chunks WHERE key = %(k)s FOR UPDATE", {"k": x})
 
@@ -171,6 +172,7 @@ def test_a_write_chosen_as_a_deadlocks_victim_runs_again(postgres_url):
                     holder.exec_driver_sql("COMMIT")
                 except BaseException as e:  # the test's thread reports it below
                     errors.append(e)
+                    holder.exec_driver_sql("ROLLBACK")  # the index's delete goes on, and the test fails
 
             thread = threading.Thread(target=the_other_server)
             thread.start()
