@@ -140,3 +140,23 @@ def shared_s3(request):
     if radosgw_installed() or os.environ.get("CI"):
         return request.getfixturevalue("radosgw")
     return request.getfixturevalue("moto_s3")
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(postgres_server):
+    """PgBouncer in transaction pooling mode in front of the session's PostgreSQL server (one per
+    run, on 127.0.0.1, stopped by its PID at the end). Skips without PgBouncer, except under CI."""
+    from chunkstore.testing.pgbouncer import PgBouncer, PgBouncerNotInstalled
+
+    try:
+        PgBouncer.find_binary()
+    except PgBouncerNotInstalled as error:
+        skip_unless_ci(f"PgBouncer tests need PgBouncer: {error}")
+    with PgBouncer(postgres_server) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def pgbouncer_url(pgbouncer, postgres_url) -> str:
+    """This test's fresh database (``postgres_url``), reached through PgBouncer in transaction mode."""
+    return pgbouncer.through(postgres_url)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chunkstore.bench.common import Row, Target, record_targets, table_lines, verdict, verdict_line
+from chunkstore.bench.fleet_scale import ScaleConfig
 from chunkstore.bench.workload import Workload, drive
 from chunkstore.output import add_output_arguments
 
@@ -451,6 +453,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seal-key", metavar="PATH", type=Path, default=None,
                         help="a key file (chunkstore keys new): also publish and read the same pages through a "
                              "sealed tier (its own index and bucket prefix), round by round with the unsealed one")
+    scale = parser.add_argument_group("the fleet's growth (instead of the runs above)")
+    scale.add_argument("--simulate-servers", metavar="N,N,...", type=_server_counts, default=None,
+                       help="simulated servers (a process each, with its own store and no model) replaying a "
+                            "multi-turn trace on one throwaway PostgreSQL and S3 server, per N: e.g. 1,2,4,8,16,32")
+    s = ScaleConfig()
+    scale.add_argument("--sim-rate", type=float, default=s.rate_per_server, metavar="REQ_PER_S",
+                       help=f"requests per second per simulated server (default {s.rate_per_server:g}: 32 servers "
+                            "fit on 2 cores)")
+    scale.add_argument("--sim-warmup", type=float, default=s.warmup_s, metavar="SECONDS",
+                       help=f"seconds that fill the tier before each N is measured (default {s.warmup_s:g})")
+    scale.add_argument("--sim-duration", type=float, default=s.duration_s, metavar="SECONDS",
+                       help=f"seconds measured per N (default {s.duration_s:g}), longer where that holds fewer than "
+                            f"--sim-min-requests")
+    scale.add_argument("--sim-min-requests", type=int, default=s.min_requests, metavar="N",
+                       help=f"requests measured per N at least (default {s.min_requests})")
+    scale.add_argument("--sim-capacity-s", type=_capacity_s, default=s.capacity_s, metavar="SECONDS",
+                       help=f"the tier's capacity, in seconds of the fleet's publishes (default {s.capacity_s:g}: "
+                            "every N measures a full tier that evicts; 'none': unbounded)")
+    scale.add_argument("--index-rows", metavar="ROWS", type=_row_count, default=None,
+                       help="instead: lookups and eviction planning on an index bulk-loaded with 100k, 1M, ... up "
+                            "to ROWS rows (e.g. 10M), and its size on disk")
+    scale.add_argument("--pg-setting", metavar="NAME=VALUE", action="append", type=_pg_setting, default=[],
+                       help="a setting of the throwaway PostgreSQL of --simulate-servers and --index-rows, e.g. "
+                            "shared_buffers=4GB (repeatable; default: PostgreSQL's own)")
     add_output_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -465,8 +491,65 @@ def config_from_args(args: argparse.Namespace) -> FleetConfig:
                        seal_key=args.seal_key)
 
 
+def _server_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of server counts: {text!r} (e.g. 1,2,4,8,16,32)") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"server counts must be at least 1: {text!r}")
+    return counts
+
+
+def _capacity_s(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else float(text)
+
+
+_ROW_UNITS = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+
+
+def _row_count(text: str) -> int:
+    """A row count: digits with an optional k, M or G (decimal: 10M is 10,000,000), at least 1,000."""
+    number, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    if unit.isdigit():
+        number, unit = text.strip(), ""
+    try:
+        rows = int(float(number) * _ROW_UNITS[unit])
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a row count: {text!r} (e.g. 10M, 250k)") from None
+    if rows < 1000:
+        raise argparse.ArgumentTypeError(f"--index-rows takes at least 1k rows, not {text!r}")
+    return rows
+
+
+def _pg_setting(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z_][a-z0-9_.]*", name.strip()) or not value.strip():
+        raise argparse.ArgumentTypeError(f"not a PostgreSQL setting NAME=VALUE: {text!r}")
+    return name.strip(), value.strip()
+
+
+def scale_config_from_args(args: argparse.Namespace) -> ScaleConfig:
+    return ScaleConfig(servers=args.simulate_servers, rate_per_server=args.sim_rate, warmup_s=args.sim_warmup,
+                       duration_s=args.sim_duration, min_requests=args.sim_min_requests,
+                       capacity_s=args.sim_capacity_s, show_progress=not args.no_progress,
+                       pg_settings=dict(args.pg_setting))
+
+
 def run(args: argparse.Namespace) -> int:
     from chunkstore.bench.common import run_bench
 
+    failures = (RuntimeError, OSError, ImportError)
+    if args.index_rows is not None:
+        from chunkstore.bench.fleet_rows import RowsConfig, format_rows_table, run_rows_bench
+
+        return run_bench(args, PROG, lambda: RowsConfig(max_rows=args.index_rows, show_progress=not args.no_progress,
+                                                        pg_settings=dict(args.pg_setting)),
+                         run_rows_bench, format_rows_table, failures=failures, failed="the benchmark failed")
+    if args.simulate_servers is not None:
+        from chunkstore.bench.fleet_scale import format_scale_table, run_scale_bench
+
+        return run_bench(args, PROG, lambda: scale_config_from_args(args), run_scale_bench, format_scale_table,
+                         failures=failures, failed="the benchmark failed")
     return run_bench(args, PROG, lambda: config_from_args(args), run_fleet_bench, format_table,
-                     failures=(RuntimeError, OSError, ImportError), failed="the benchmark failed")
+                     failures=failures, failed="the benchmark failed")

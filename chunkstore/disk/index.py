@@ -202,6 +202,7 @@ def upgrade_index(url: str) -> tuple[str | None, str]:
     dialect.prepare(read_only=False, must_exist=False)  # SQLite would create the index (and its WAL) 0644
     engine = create_engine(url)
     try:
+        dialect.fit_to_pooler(engine)
         with engine.begin() as conn:
             return _upgrade_in(conn, dialect)
     finally:

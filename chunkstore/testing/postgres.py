@@ -55,8 +55,13 @@ class PostgresServer:
     """
 
     def __init__(self, folder: Path, *, port: int | None = None, bin_dir: Path | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S, stop_timeout_s: float = STOP_TIMEOUT_S) -> None:
+                 start_timeout_s: float = START_TIMEOUT_S, stop_timeout_s: float = STOP_TIMEOUT_S,
+                 track_statements: bool = False, settings: dict[str, str] | None = None) -> None:
         self.folder = Path(folder).absolute()
+        # pg_stat_statements loaded at start (benchmarks count statements); `enable_statement_stats`
+        # then creates its view.
+        self.track_statements = track_statements
+        self.settings = dict(settings or {})  # more server settings (name: value), e.g. shared_buffers
         self.bin_dir = Path(bin_dir) if bin_dir is not None else self.find_binaries()
         self.port = port if port is not None else free_port()
         self.start_timeout_s = start_timeout_s
@@ -164,6 +169,13 @@ class PostgresServer:
         """Drop database `name` if it exists, ending any sessions still open on it (FORCE)."""
         self._admin(f'DROP DATABASE IF EXISTS "{checked_name(name)}" WITH (FORCE)')
 
+    def enable_statement_stats(self) -> None:
+        """Create the pg_stat_statements view in the `postgres` database (it counts every
+        database's statements). Raises PostgresServerError unless started with `track_statements`."""
+        if not self.track_statements:
+            raise PostgresServerError("pg_stat_statements needs a server started with track_statements=True")
+        self._admin("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
     def _admin(self, statement: str) -> None:
         import psycopg  # the driver is a dev dependency, needed only once a server is used
 
@@ -217,6 +229,10 @@ class PostgresServer:
                    "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={self._socket_dir}",
                    "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                    "-c", "logging_collector=off"]
+        if self.track_statements:
+            command += ["-c", "shared_preload_libraries=pg_stat_statements"]
+        for name, value in self.settings.items():
+            command += ["-c", f"{name}={value}"]
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                              stderr=subprocess.STDOUT, env=self._env(),

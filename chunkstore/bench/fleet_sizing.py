@@ -1,0 +1,118 @@
+"""The shared tier's capacity model, from what ``bench fleet --simulate-servers`` measures: the
+database's CPU and statements are a fixed part (its own upkeep: autovacuum, checkpoints) plus a
+part per request, fitted as a line over the fleet sizes that did not saturate the machine; the
+bucket's requests follow from the workload's pages. The model predicts what N servers at a
+request rate cost, and each N measured checks it. Docs: FLEET.md, "Sizing".
+
+Invariants: the model is linear in requests (nothing in a request's cost grows with the fleet:
+the per-request targets below test that); a prediction uses the requests/s each N actually served
+(its trace is Poisson), so a check measures the model, not the arrivals; a saturated point is
+checked and shown but neither fitted nor counted in the model's error; targets are reported,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import math
+
+from chunkstore.bench.common import Target, record_targets
+
+UTILIZATION = 0.7  # the busiest a database or a gateway is planned to run
+MODEL_ERROR_TARGET = 0.25  # each measured N within this of the model's prediction
+PER_REQUEST_TARGET = 1.2  # database CPU and statements per request at the largest N / the smallest
+LOOKUP_P99_TARGET = 3.0  # p99 lookup at the largest N / the smallest
+SATURATED_BUSY = 0.8  # a point whose machine was this busy, or whose requests ran late, measured the
+SATURATED_LATE = 0.1  # machine (or the evictor lock), not the tier: the model is not fitted on it
+EXAMPLE_CORES = (4, 8, 16)
+EXAMPLE_RATES = (1.0, 5.0, 20.0)  # requests per second per server
+
+
+def is_saturated(point: dict) -> bool:
+    return point["machine_busy_share"] >= SATURATED_BUSY or point["late_share"] >= SATURATED_LATE
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through the points, the intercept at least 0
+    (then the slope is fitted through the origin)."""
+    n = len(xs)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else mean_y / mean_x
+    intercept = mean_y - slope * mean_x
+    if intercept < 0:
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return intercept, slope
+
+
+def bucket_requests_per_request(point: dict) -> float:
+    """A request's bucket requests by the workload's pages: one PUT per page stored, one GET per
+    page loaded (no local copy helps when a conversation's rounds land on other servers), one
+    DeleteObjects for the eviction that makes room (a full tier)."""
+    return point["stored_pages_per_request"] + point["loaded_pages_per_request"] + 1.0
+
+
+def sizing_model(points: list[dict], rate_per_server: float) -> dict:
+    """The database's CPU and statements as a fixed part plus a part per request (a line fitted
+    on the unsaturated points), the bucket's requests from the workload's pages; each N's
+    prediction against what was measured, and the servers one database of K cores serves."""
+    fitted = [p for p in points if not is_saturated(p)]
+    if len(fitted) < 2:
+        fitted = points
+    rates = [p["requests_per_s"] for p in fitted]
+    db_fixed, db_per_request = fit_line(rates, [p["db_cores"] for p in fitted])
+    st_fixed, st_per_request = fit_line(rates, [p["statements_per_1000_requests"] / 1000 * p["requests_per_s"]
+                                                for p in fitted])
+    checks = []
+    for p in points:
+        rate = p["requests_per_s"]
+        measured = {"db_cores": p["db_cores"],
+                    "statements_per_s": p["statements_per_1000_requests"] / 1000 * rate,
+                    "bucket_requests_per_s": None if p["bucket_requests_per_request"] is None
+                    else p["bucket_requests_per_request"] * rate}
+        predicted = {"db_cores": db_fixed + db_per_request * rate, "statements_per_s": st_fixed + st_per_request * rate,
+                     "bucket_requests_per_s": bucket_requests_per_request(p) * rate}
+        errors = {k: predicted[k] / measured[k] - 1 for k in measured if measured[k]}
+        checks.append({"servers": p["servers"], "requests_per_s": rate, "saturated": is_saturated(p),
+                       "measured": measured, "predicted": predicted, "error": errors})
+    usable = [c for c in checks if not c["saturated"]] or checks
+    return {
+        "fitted_on_servers": [p["servers"] for p in fitted],
+        "db_fixed_cores": db_fixed, "db_cpu_s_per_request": db_per_request,
+        "statements_fixed_per_s": st_fixed, "statements_per_request": st_per_request,
+        "utilization": UTILIZATION, "checks": checks,
+        "max_error": max((abs(e) for c in usable for e in c["error"].values()), default=None),
+        "servers_per_database": {f"{cores} cores": {f"{rate:g}/s": servers_served(cores, rate, db_fixed, db_per_request)
+                                                     for rate in EXAMPLE_RATES} for cores in EXAMPLE_CORES},
+        "rate_per_server_measured": rate_per_server,
+    }
+
+
+def servers_served(cores: float, rate_per_server: float, db_fixed_cores: float, db_cpu_s_per_request: float) -> int | None:
+    """How many servers at ``rate_per_server`` requests/s one database of ``cores`` serves at
+    UTILIZATION, by its CPU; None when a request costs it nothing measurable."""
+    if db_cpu_s_per_request <= 0:
+        return None
+    return max(0, math.floor((cores * UTILIZATION - db_fixed_cores) / (rate_per_server * db_cpu_s_per_request)))
+
+
+def scale_targets(result: dict) -> None:
+    """Record the scale targets: per-request database costs and p99 lookup at the largest N
+    against the smallest, and the model's largest error."""
+    points = sorted(result["points"], key=lambda p: p["servers"])
+    small, large = points[0], points[-1]
+
+    def ratio(name: str) -> float:
+        return large[name] / small[name] if small[name] else float("inf")
+
+    p99_small, p99_large = small["lookup_ms"]["p99"], large["lookup_ms"]["p99"]
+    targets = [
+        Target("db_cpu_per_request_largest_vs_smallest", ratio("db_cpu_s_per_1000_requests"), "<=",
+               PER_REQUEST_TARGET),
+        Target("statements_per_request_largest_vs_smallest", ratio("statements_per_1000_requests"), "<=",
+               PER_REQUEST_TARGET),
+        Target("lookup_p99_largest_vs_smallest", p99_large / p99_small if p99_small else float("inf"), "<=",
+               LOOKUP_P99_TARGET),
+    ]
+    if (error := result["model"]["max_error"]) is not None:
+        targets.append(Target("model_max_error", error, "<=", MODEL_ERROR_TARGET))
+    record_targets(result, targets)

@@ -1,0 +1,88 @@
+"""`chunkstore bench fleet --simulate-servers` and `--index-rows` at a tiny size, on their own
+throwaway PostgreSQL and S3 servers: every N runs as processes of its own and every figure of the
+JSON is there and sane; bad options are refused. Timings and targets are reported, never asserted
+(shared, noisy machines)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from chunkstore.bench import fleet as bench
+from chunkstore.bench.fleet_trace import TraceConfig, schedule, tokens
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_the_trace_sends_a_conversations_next_round_to_the_next_server():
+    cfg = TraceConfig(servers=4, rate_per_server=2.0, duration_s=20.0, think_s=2.0, rounds=3)
+    requests = schedule(cfg)
+    assert requests == schedule(cfg)  # the same in every process
+    by_conversation: dict[tuple[int, int], list] = {}
+    for r in requests:
+        by_conversation.setdefault((r.slot, r.conversation), []).append(r)
+    for rounds in by_conversation.values():
+        assert [r.round for r in rounds] == list(range(len(rounds)))
+        assert len({r.namespace for r in rounds}) == 1
+        assert all(b.server == (a.server + 1) % cfg.servers for a, b in zip(rounds, rounds[1:]))
+        prompt, answer = tokens(cfg, rounds[-1])  # a round's prompt extends the last one's prompt and answer
+        if len(rounds) > 1:
+            before, said = tokens(cfg, rounds[-2])
+            assert prompt[:len(before) + len(said)] == before + said
+        assert len(prompt) == rounds[-1].round * 80 + 64 and len(answer) == 16
+
+
+@pytest.mark.parametrize("argv, says", [(["--simulate-servers", "0,4"], "at least 1"),
+                                        (["--simulate-servers", "one"], "not a list of server counts"),
+                                        (["--index-rows", "12"], "at least 1k"),
+                                        (["--index-rows", "ten"], "not a row count")])
+def test_bad_scale_options_are_refused(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.slow  # tens of seconds: CI runs it, the fast subset does not
+def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, postgres_server, moto_s3):
+    out = tmp_path / "scale.json"
+    argv = ["--simulate-servers", "1,4", "--sim-rate", "2", "--sim-warmup", "2", "--sim-duration", "3",
+            "--sim-min-requests", "0", "--no-progress", "--output", str(out)]
+    assert bench.run(parse(argv)) == 0
+    r = json.loads(out.read_text())
+    assert [p["servers"] for p in r["points"]] == [1, 4]
+    for p in r["points"]:
+        assert p["requests"] > 0 and p["requests_per_s"] > 0 and p["window_s"] > 0
+        assert p["lookup_ms"]["n"] == p["requests"] and p["lookup_ms"]["p50"] <= p["lookup_ms"]["p99"]
+        assert p["publish_ms"]["n"] > 0
+        assert p["db_cpu_s"] >= 0 and p["statements_per_1000_requests"] > 0 and p["top_statements"]
+        assert p["connections"]["max"] >= p["servers"]  # each server its own pool
+        assert 0 <= p["evictor_lock"]["waiting_share"] <= 1 and p["evictor_lock"]["samples"] > 0
+        assert p["bucket_requests_per_request"] is None or p["bucket_requests_per_request"] > 0
+        assert 0 < p["machine_busy_share"] <= 1
+    model = r["model"]
+    assert set(model["fitted_on_servers"]) <= {1, 4} and len(model["checks"]) == 2
+    assert model["statements_per_request"] > 0 and model["db_cpu_s_per_request"] >= 0
+    assert model["servers_per_database"] and all(set(c["error"]) <= set(c["measured"]) for c in model["checks"])
+    assert {"db_cpu_per_request_largest_vs_smallest", "statements_per_request_largest_vs_smallest",
+            "lookup_p99_largest_vs_smallest"} <= set(r["targets"])
+    assert "stmts/1k req" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
+def test_a_bulk_loaded_index_reports_lookups_plans_and_its_size(tmp_path, capsys, postgres_server):
+    out = tmp_path / "rows.json"
+    assert bench.run(parse(["--index-rows", "4k", "--no-progress", "--output", str(out)])) == 0
+    r = json.loads(out.read_text())
+    (point,) = r["points"]
+    assert point["rows"] == 4000 and point["plan_chunks"] == 40
+    assert 0 < point["lookup_ms"]["p50"] <= point["lookup_ms"]["p99"] and point["plan_s"] > 0
+    assert 0 < point["warm_lookup_ms"]["p50"] <= point["warm_lookup_ms"]["p99"]
+    assert 0 < point["indexes_bytes"] < point["table_bytes"] <= point["database_bytes"]
+    assert set(r["targets"]) == {"lookup_p50_largest_vs_smallest", "plan_s_largest"}
+    assert "lookup p50 / p99 ms" in capsys.readouterr().out
