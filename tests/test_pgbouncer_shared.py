@@ -14,6 +14,8 @@ from sqlalchemy.engine import make_url
 from tests import test_shared_contract, test_shared_tier
 from tests.helpers.recollect import recollect
 
+pytestmark = pytest.mark.slow  # the shared tier's tests again, through a pooler: CI runs it, the fast subset does not
+
 
 @pytest.fixture
 def postgres_url(postgres_url, pgbouncer) -> str:

@@ -15,6 +15,8 @@ from sqlalchemy.engine import make_url
 from tests import test_store_postgres
 from tests.helpers.recollect import recollect
 
+pytestmark = pytest.mark.slow  # the store's contract again, through a pooler: CI runs it, the fast subset does not
+
 
 @pytest.fixture
 def postgres_url(postgres_url, pgbouncer) -> str:

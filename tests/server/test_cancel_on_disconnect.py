@@ -13,6 +13,8 @@ import pytest
 
 from chunkstore.engine import FinishReason, RequestHandle
 
+pytestmark = pytest.mark.slow  # generations of seconds: left out of the fast subset
+
 MAX_TOKENS = 4000
 WAIT_S = 30.0  # every wait is bounded; the generation left alone would run about 15 s on two cores
 

@@ -28,6 +28,8 @@ import pytest
 from tests.helpers.api import fill_store
 from tests.helpers.server import REPO, ServeProcess
 
+pytestmark = pytest.mark.slow  # a `chunkstore serve` subprocess and limits of seconds: left out of the fast subset
+
 LIMIT_S = 2.0  # --header-timeout-s and --body-timeout-s of the servers under test
 CLOSE_BY_S = LIMIT_S + 15.0  # a generous bound: a held connection must be closed by then
 HELD_PER_KIND = 100
