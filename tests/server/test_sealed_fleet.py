@@ -86,6 +86,11 @@ def _encodings(token_ids: list[int], size: int = 12) -> list[bytes]:
     return [bytes(ids), struct.pack(f"<{size}H", *ids), struct.pack(f"<{size}I", *ids)]
 
 
+# Tenants whose names an attacker searches the ciphertext for: long enough that random bytes do
+# not hold them by chance (a 3-byte name turns up in a few MB of ciphertext about once in ten runs).
+ALICE, BOB = "tenant-alice-5b1e0c", "tenant-bob-93d4a7"
+
+
 def _delete(server, data_folder, path: str) -> httpx.Response:
     """DELETE ``path`` of the server's management API with its admin token."""
     token = (data_folder / "admin-token").read_text().strip()
@@ -94,25 +99,25 @@ def _delete(server, data_folder, path: str) -> httpx.Response:
 
 def test_the_bucket_and_the_index_reveal_no_prompt_and_confirm_no_guess(fleet):
     a = fleet.start("a")
-    first = complete(a, PROMPT, "alice")
-    complete(a, PROMPT, "bob")
+    first = complete(a, PROMPT, ALICE)
+    complete(a, PROMPT, BOB)
     fleet.wait_for_rows(2 * fed_pages(first))
     attacker = Attacker(fleet)
     bodies = [attacker.get(n) for n in attacker.names()]
     assert len(bodies) == fleet.rows() > 0
     ids = ByteTokenizer().encode(PROMPT)
-    for needle in _encodings(ids) + [b"alice", b"bob", b"CSKVCHNK"]:
+    for needle in _encodings(ids) + [ALICE.encode(), BOB.encode(), b"CSKVCHNK"]:
         assert not any(needle in body for body in bodies), needle
     for needle in _encodings(ids):
         assert not any(needle in value for value in attacker.index_bytes())
     # The right guess, hashed with the public scheme (the identity is no secret), names nothing.
     identity = read_identity(fleet.tmp_path / "a")
     names = set(attacker.names())
-    for namespace in ("alice", "bob", "default"):
+    for namespace in (ALICE, BOB, "default"):
         for page in chain_pages(identity, ids, namespace):
             assert not any(page.key.hex() in n for n in names)
     # The key's holder serves it: another server, warm from the bucket.
-    on_b = complete(fleet.start("b"), PROMPT, "alice")
+    on_b = complete(fleet.start("b"), PROMPT, ALICE)
     assert cached(on_b)["disk"] > 0 and on_b["choices"][0]["text"] == first["choices"][0]["text"]
 
 
