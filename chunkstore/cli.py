@@ -26,7 +26,7 @@ from typing import Any
 from chunkstore import __version__
 from chunkstore.output import add_json_flag
 from chunkstore.sizes import argparse_type, parse_bytes, positive_gb_as_bytes
-from chunkstore.store_flags import add_store_flags
+from chunkstore.store_flags import add_store_flags, flag_problem
 
 
 class CliError(Exception):
@@ -64,27 +64,58 @@ def _progress(total: int | None, desc: str):
                 leave=False)
 
 
-def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = False):
-    from sqlalchemy.exc import DatabaseError
+def _flag(args: argparse.Namespace, dest: str, check: Callable[[Any], Any]) -> Any:
+    """``check`` of a store flag's value; its ValueError names the flag and the value."""
+    value = getattr(args, dest)
+    try:
+        return check(value)
+    except (ValueError, TypeError) as exc:
+        raise CliError(flag_problem(dest, value, exc)) from None
 
-    from chunkstore.disk.identity import ModelMismatchError
-    from chunkstore.disk.index import IndexMissingError
+
+def _store_spec(args: argparse.Namespace, *, write: bool):
+    """The store the flags name, and its identity (its store.json's). Raises CliError naming the
+    flag whose value cannot be used, or saying why the store.json cannot be read."""
     from chunkstore.disk.seal_keys import seal_key_provider
-    from chunkstore.disk.store import StoreBusyError, read_identity
-    from chunkstore.disk.store_spec import StoreSpec, open_store
+    from chunkstore.disk.store import read_identity
+    from chunkstore.disk.store_spec import StoreSpec, check_folder, check_index_url, check_object_store
 
-    root = Path(args.disk_path)
+    root = _flag(args, "disk_path", check_folder)
+    for dest, check in (("index_url", check_index_url), ("object_store", check_object_store)):
+        if getattr(args, dest) is not None:
+            _flag(args, dest, check)
     try:
         identity = read_identity(root)
     except (ValueError, KeyError) as exc:
         raise CliError(f"{root / 'store.json'} is unreadable: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"{root / 'store.json'} cannot be read: {exc.strerror or exc}") from None
     if identity is None:
         raise CliError(f"no chunk store at {root} (no store.json); check --disk-path")
-    disk_size_bytes = getattr(args, "disk_size_bytes", None)
     try:
         spec = StoreSpec(root, index_url=args.index_url, object_store=args.object_store,
-                         capacity_bytes=disk_size_bytes, read_only=not write,
+                         capacity_bytes=getattr(args, "disk_size_bytes", None), read_only=not write,
                          seal_key=seal_key_provider(args.seal_key))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return spec, identity
+
+
+def _open_store(args: argparse.Namespace, *, write: bool, reset_index: bool = False):
+    spec, identity = _store_spec(args, write=write)
+    return _open(args, spec, identity, reset_index=reset_index)
+
+
+def _open(args: argparse.Namespace, spec, identity, *, reset_index: bool = False):
+    from sqlalchemy.exc import DatabaseError
+
+    from chunkstore.disk.identity import ModelMismatchError
+    from chunkstore.disk.index import IndexMissingError
+    from chunkstore.disk.store import StoreBusyError
+    from chunkstore.disk.store_spec import open_store
+
+    root = spec.folder
+    try:
         return open_store(spec, identity, reset_index=reset_index)
     except (StoreBusyError, ModelMismatchError, IndexMissingError, OSError, ValueError) as exc:
         raise CliError(str(exc)) from None
@@ -165,11 +196,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from chunkstore.disk.maintenance import rebuild
+    from chunkstore.disk.chunk_owner import ForeignChunksError
+    from chunkstore.disk.maintenance import check_before_rebuild, rebuild
 
-    with _open_store(args, write=True, reset_index=True) as store:
-        with _progress(None, "rebuild") as bar:
-            report = rebuild(store, progress=bar.update)
+    spec, identity = _store_spec(args, write=True)
+    try:
+        # Before the index is dropped, so that a refusal changes nothing (a sealed store's chunks
+        # are judged by rebuild, once the store has opened their keys).
+        checked = None if args.force else check_before_rebuild(spec, identity)
+        with _open(args, spec, identity, reset_index=True) as store:
+            with _progress(None, "rebuild") as bar:
+                report = rebuild(store, progress=bar.update, force=args.force or checked.has_own_chunk,
+                                 recorded=None if checked is None else checked.recorded)
+    except ForeignChunksError as exc:
+        raise CliError(f"{exc} (or rebuild with --force: what verifies is indexed under store.json's model, the "
+                       "rest quarantined)") from None
     _emit(args, report, lambda r: [f"{f.name:12} {getattr(r, f.name)}" for f in dataclasses.fields(r)])
     return 0
 
@@ -183,9 +224,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _namespace(value: str | None) -> str | None:
+    """``--namespace``'s value when it is a namespace (chunkstore/disk/namespaces.py); else CliError."""
+    from chunkstore.disk.namespaces import check_namespace
+
+    try:
+        return None if value is None else check_namespace(value)
+    except ValueError as exc:
+        raise CliError(f"--namespace: {exc}") from None
+
+
 def cmd_evict(args: argparse.Namespace) -> int:
     from chunkstore.disk.maintenance import evict_bytes
 
+    _namespace(args.namespace)
     with _open_store(args, write=True) as store:
         if args.namespace is not None and args.bytes is None:
             result = store.delete_namespace(args.namespace)
@@ -276,6 +328,7 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
 
 def cmd_keys_shred(args: argparse.Namespace) -> int:
     _need_seal_key(args, "shred")
+    _namespace(args.namespace)
     with _open_store(args, write=True) as store:
         done = store.shred_namespace(args.namespace)
     _emit(args, done, lambda d: [
@@ -300,6 +353,12 @@ def _store_parent() -> argparse.ArgumentParser:
     add_store_flags(p)
     add_json_flag(p)
     return p
+
+
+def _add_rebuild(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="rebuild even when the chunks read were written by another model than store.json names "
+                        "(what verifies is indexed under store.json's model, the rest quarantined)")
 
 
 def _add_verify(p: argparse.ArgumentParser) -> None:
@@ -355,7 +414,8 @@ _GROUPS = {("db",): ("index schema commands", "DB_COMMAND"), ("bench",): ("bench
 COMMANDS = (
     Command(("stats",), "chunks, bytes, compression, hits per namespace", cmd_stats, store=True),
     Command(("verify",), "read and check every chunk", cmd_verify, store=True, add=_add_verify),
-    Command(("rebuild",), "recreate the index from the chunk files alone", cmd_rebuild, store=True),
+    Command(("rebuild",), "recreate the index from the chunk files alone", cmd_rebuild, store=True,
+            add=_add_rebuild),
     Command(("gc",), "remove temp files, evict to --disk-size, checkpoint", cmd_gc, store=True, add=_add_gc),
     Command(("evict",), "evict by bytes (LRU, leaf-first) or a whole namespace", cmd_evict, store=True,
             add=_add_evict),
@@ -374,8 +434,8 @@ COMMANDS = (
             module="chunkstore.bench.multiturn"),
     Command(("bench", "sglang"), "chunkstore against SGLang's HiCacheFile as HiCache L3: set, get, bytes on disk",
             module="chunkstore.bench.sglang"),
-    Command(("bench", "vllm"), "the multi-turn workload on vLLM: without the connector, with it, after a restart",
-            module="chunkstore.bench.vllm"),
+    Command(("bench", "vllm"), "the multi-turn workload on vLLM with each KV cache system side by side: a first run "
+            "and a restart", module="chunkstore.bench.vllm"),
     Command(("bench", "fleet"), "N servers on one shared tier against private tiers and one server; publish and "
             "read against raw PUT and GET", module="chunkstore.bench.fleet"),
     Command(("bench", "startup"), "start-up of the CLI and of serve against importing torch and transformers",

@@ -125,6 +125,30 @@ def test_errors_are_clear(tmp_path, filled, capsys):
     assert "not a size" in capsys.readouterr().err
 
 
+def test_a_store_flag_that_cannot_be_used_is_named_with_its_value(tmp_path, filled, capsys):
+    root, _, _ = filled
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for argv, says in [(["--disk-path", str(a_file)], "--disk-path (or $CHUNKSTORE_DISK_PATH) '"),
+                       (["--disk-path", "/tmp/" + "x" * 5000], "at most 4095 bytes"),
+                       (["--disk-path", str(root), "--index-url", "mysql://db/kv"], "--index-url (or "),
+                       (["--disk-path", str(root), "--object-store", "/data/kv"], "--object-store (or ")]:
+        assert main(["stats", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("chunkstore: error: ") and says in err and "Traceback" not in err
+        assert len(err) < 600  # a long value is cut short
+
+
+@pytest.mark.parametrize("namespace", ["../..", "x" * 300, "a\nb", "."])
+def test_a_namespace_that_cannot_be_one_is_refused_before_the_store_opens(filled, capsys, namespace):
+    root, _, _ = filled
+    assert main(["evict", "--namespace", namespace, "--disk-path", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("chunkstore: error: --namespace: namespace ") and "1-256 characters" in err
+    with ChunkStore(root, TINY, read_only=True) as s:
+        assert s.num_chunks() == 10
+
+
 @pytest.mark.parametrize("text,expected", [("1048576", 1048576), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30),
                                            ("1.5G", 1_500_000_000), ("64kib", 65536)])
 def test_parse_size(text, expected):

@@ -1,29 +1,28 @@
-"""``chunkstore bench vllm``: the multi-turn chat workload on vLLM's own engine without the chunkstore
-connector, with it over a fresh data folder, and after a restart over that folder (files made cold).
+"""``chunkstore bench vllm``: the multi-turn chat workload on vLLM's own engine with each KV caching
+system a vLLM user would pick (vllm_systems.py), side by side: each system's first run over a new
+data folder, then a restart (a new process over that folder, its files made cold) that continues
+the conversations with new questions (or replays them), over one or more repetitions.
 
-Invariants: each configuration runs in a new process (vLLM keeps process-wide state; vllm_child.py)
-with the same model, workload, block size, KV block budget (``num_gpu_blocks_override``, smaller
-than the histories, so vLLM's own cache evicts), forward threads and prefix caching (on by default:
-the CPU build supports it, and it is the baseline a vLLM user has); TTFT is measured per request,
-from the client's submit to the engine step that returned its first token (the child drives
-``LLMEngine.step``, outputs streamed as deltas), never derived; greedy outputs must be the same in
-all three, request by request, but for near ties (NEAR_TIE_NATS), or the run fails; targets are
-reported, never asserted. vLLM and
-torch are imported only when the benchmark runs, so ``--help`` works without them.
+Invariants: every run is a process of its own (vLLM keeps process-wide state; vllm_child.py) with
+the same model, workload, block size, KV block budget (``num_gpu_blocks_override``, smaller than
+the histories, so vLLM's own cache evicts), host-memory tier, forward threads and prefix caching
+(on by default: the baseline a vLLM user has); the systems run in the listed order in even
+repetitions and reversed in odd ones; a system that cannot run here is a row with its reason,
+never a crash of the benchmark; TTFT is measured per request in the child, never derived; greedy
+outputs are compared with vLLM alone's and a difference other than a near tie fails the run (exit
+1, after the table); targets are reported, never asserted. vLLM and torch are imported only when
+the benchmark runs, so ``--help`` works without them.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import enum
+import dataclasses
+import json
 import math
 import os
-import re
-import select
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,36 +30,38 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
-from chunkstore.bench.common import (
-    Target,
-    files_under,
-    make_cold,
-    record_targets,
-    run_bench,
-    verdict_line,
+from chunkstore.bench.common import files_under, make_cold, record_targets
+from chunkstore.bench.vllm_outputs import DIFFER, compare_outputs
+from chunkstore.bench.vllm_report import (
+    FAILED,
+    MISSING,
+    RAN,
+    SKIPPED,
+    add_ratios,
+    format_table,
+    summarize_run,
+    summarize_systems,
+    targets,
 )
-from chunkstore.bench.workload import DriveResult, Reply, RequestRecord, Workload
-from chunkstore.output import add_output_arguments
+from chunkstore.bench.vllm_runner import Phase, RunFailed, run_child
+from chunkstore.bench.vllm_systems import Budget, System, SystemSetup, setup_for
+from chunkstore.bench.workload import Workload
+from chunkstore.output import add_output_arguments, check_output_path, emit_result
 
 PROG = "chunkstore bench vllm"
-CONNECTOR_MODULE = "chunkstore.integrations.vllm"  # reached through vLLM's KVTransferConfig only
 PRIORITIES = ("normal", "low", "idle")  # chunkstore.priority.ThreadPriority
 ENV_HINT = ("run scripts/vllm_env.sh and use that environment's interpreter: .venv-vllm/bin/chunkstore bench vllm "
             "(or .venv-vllm/bin/python -m chunkstore bench vllm)")
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
-# vLLM's own warnings when a connector's load fails: its tokens are recomputed (kv_load_failure_policy
-# "recompute") or the requests fail; num_cached_tokens still counts them, so the run reports them.
-_RECOVERED = re.compile(r"Recovered from KV load failure: (\d+) request\(s\) rescheduled \((\d+) tokens affected\)")
-_FAILED = re.compile(r"Failing (\d+) request\(s\) due to KV load failure \(failure_policy=\w+, (\d+) tokens affected\)")
-# Two greedy runs may part where two tokens are nearly tied: bf16 KV computed in another batch or
-# chunk differs in its last bits (vLLM's own prefix cache does the same). A divergence counts as a
-# near tie only when each run's pick was the other's second choice, within this many nats; any
-# other difference fails the run, as wrong KV would.
-NEAR_TIE_NATS = 0.1
-KV_SHARE = 0.25  # vLLM's KV blocks / all clients' final histories, by default
+KV_SHARE = 0.25  # vLLM's KV blocks / all clients' histories after the first run, by default
+HOST_MAX_LEN_MULTIPLE = 4  # the host tier: this many of the longest prompts (the chunkstore connector's default)
 WARM_UP_TOKEN_BASE = 256  # warm-up ids sit above the questions' bytes, so they share no block
+CONTINUE_SEED_OFFSET = 1000  # the questions after a restart: another seed, so none repeats the first run's
+# The multi-turn benchmark's workload (16 clients x 5 rounds), its requests sent as soon as a client
+# may: throughput is then what each system can serve, not the arrival rate. Measured here with
+# 16 req/s Poisson, vLLM with an unbounded KV cache reached 14.8 req/s, the arrivals' own limit.
+DEFAULT_WORKLOAD = dataclasses.replace(Workload(), request_rate=math.inf)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,48 +97,52 @@ class ModelShape:
         LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
 
 
-class Setup(str, enum.Enum):
-    """The configurations, in the order they run (restart needs vllm+chunkstore's folder)."""
-
-    VLLM = "vllm"
-    CONNECTOR = "vllm+chunkstore"
-    RESTART = "restart"
-
-    @property
-    def description(self) -> str:
-        return _DESCRIPTIONS[self]
-
-
-_DESCRIPTIONS = {
-    Setup.VLLM: "vLLM alone (its own prefix cache when on)",
-    Setup.CONNECTOR: "vLLM with the chunkstore connector over a fresh data folder",
-    Setup.RESTART: "a new vLLM process with the connector over the folder vllm+chunkstore left, files made cold",
-}
+def kv_bytes_per_token(model: Path) -> int:
+    """KV bytes a token takes in vLLM's cache for the Hugging Face model folder ``model`` (K and
+    V, every layer; 16-bit unless its config says float32); ValueError when config.json lacks a field."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    config = config.get("text_config", config)
+    try:
+        layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+        kv_heads = config.get("num_key_value_heads") or heads
+        head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    except KeyError as exc:
+        raise ValueError(f"--model {model}: config.json has no {exc.args[0]}") from None
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    return 2 * layers * kv_heads * head_dim * (4 if dtype == "float32" else 2)
 
 
 class BenchFailure(RuntimeError):
-    """A configuration's engine failed, or the configurations' greedy outputs differ."""
+    """vLLM alone did not run, or a system's greedy outputs differ from vLLM alone's."""
 
 
 @dataclass(slots=True)
 class VLLMBenchConfig:
     """What to run; ValueError names a bad field."""
 
-    workload: Workload = field(default_factory=Workload)
+    workload: Workload = field(default_factory=lambda: DEFAULT_WORKLOAD)
+    systems: list[System] = field(default_factory=lambda: list(System))
+    restarts: list[Phase] = field(default_factory=lambda: [Phase.CONTINUE])
+    continue_rounds: int = 2  # rounds each conversation goes on for after a restart that continues
+    reps: int = 2
     model_path: Path | None = None  # a local Hugging Face model folder; None: ModelShape() made here
     block_size: int = 32
     kv_blocks: int | None = None  # vLLM's KV cache in blocks; None: derived (see derive_kv_blocks)
     prefix_caching: bool = True
-    background_priority: str | None = None  # the connector's writer; None: its default
+    background_priority: str | None = None  # the chunkstore connector's writer; None: its default
     forward_threads: int | None = None  # OpenMP threads of the forward; None: all cores but one
     work_dir: Path | None = None  # parent of the temporary folder
-    timeout_s: float = 300.0  # longest run of one configuration's process (a default one takes ~30 s)
-    flush_timeout_s: float = 120.0  # longest wait for the connector's saves after a run
+    timeout_s: float = 600.0  # longest run of one process (a default one takes ~20 s here; LMCache degraded, minutes)
+    flush_timeout_s: float = 120.0  # longest wait for the chunkstore connector's saves after its first run
     show_progress: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size % 16:
             raise ValueError(f"--block-size must be a positive multiple of 16, got {self.block_size}")
+        if self.continue_rounds < 1:
+            raise ValueError(f"--continue-rounds must be >= 1, got {self.continue_rounds}")
+        if self.reps < 1:
+            raise ValueError(f"--reps must be >= 1, got {self.reps}")
         if self.kv_blocks is not None and self.kv_blocks < self.min_kv_blocks:
             raise ValueError(f"--kv-blocks {self.kv_blocks} cannot hold one client's last request "
                              f"({self.max_model_len} tokens): at least {self.min_kv_blocks}")
@@ -153,19 +158,43 @@ class VLLMBenchConfig:
             raise ValueError(f"--work-dir {self.work_dir} is not an existing folder")
 
     @property
+    def phases(self) -> list[Phase]:
+        return [Phase.FIRST, *self.restarts]
+
+    @property
     def threads(self) -> int:
         # All cores but one, as vLLM's own CPU launcher reserves one for what is not the forward: its
-        # OpenMP threads spin on their cores, so any other thread there (the connector's loads and
+        # OpenMP threads spin on their cores, so any other thread there (a connector's loads and
         # writes, vLLM's scheduler) stalls every parallel region, where a GPU server's forward has a
-        # device of its own. Measured on 2 cores, default workload: with both cores to the forward,
-        # vllm+chunkstore's TTFT was 1.05x vLLM alone's and restart's 0.41x; with one, 0.60x and
-        # 0.22x (vLLM alone's own TTFT 1.5x its two-core figure).
+        # device of its own. Measured on 2 cores, 16 clients x 5 rounds: with both cores to the
+        # forward, the chunkstore connector's TTFT was 1.05x vLLM alone's and its restart's 0.41x;
+        # with one, 0.60x and 0.22x (vLLM alone's own TTFT 1.5x its two-core figure).
         return self.forward_threads if self.forward_threads is not None else max(1, (os.cpu_count() or 2) - 1)
 
     @property
+    def continue_workload(self) -> Workload | None:
+        """The rounds after a restart that continues: new questions (another seed), the same shape."""
+        if Phase.CONTINUE not in self.restarts:
+            return None
+        w = self.workload
+        return Workload(num_clients=w.num_clients, num_rounds=self.continue_rounds, request_length=w.request_length,
+                        output_length=w.output_length, max_parallel=w.max_parallel, request_rate=w.request_rate,
+                        seed=w.seed + CONTINUE_SEED_OFFSET)
+
+    def _blocks(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    @property
+    def first_history_blocks(self) -> int:
+        """One client's history after the first run, in whole blocks."""
+        return self._blocks(self.workload.final_history_tokens)
+
+    @property
     def max_model_len(self) -> int:
-        """A client's whole history, in whole blocks."""
-        return math.ceil(self.workload.final_history_tokens / self.block_size) * self.block_size
+        """A client's whole history, continued rounds included, in whole blocks."""
+        rounds = self.workload.num_rounds + (self.continue_rounds if Phase.CONTINUE in self.restarts else 0)
+        w = self.workload
+        return self._blocks(rounds * (w.request_length + w.output_length)) * self.block_size
 
     @property
     def min_kv_blocks(self) -> int:
@@ -173,17 +202,19 @@ class VLLMBenchConfig:
 
     @property
     def history_blocks(self) -> int:
-        return self.workload.num_clients * (self.max_model_len // self.block_size)
+        return self.workload.num_clients * self.first_history_blocks
 
     def derive_kv_blocks(self) -> int:
-        """A quarter of all clients' final histories, but room for the requests in flight (each up
-        to a whole history) and vLLM's null block: vLLM must not preempt, only evict."""
+        """A quarter of all clients' histories after the first run, but room for the first run's
+        requests in flight (each up to a whole history: vLLM must not preempt there, only evict)
+        and for one longest request. After a restart that continues, the longer histories may
+        make vLLM hold a request back until blocks free, alike for every system."""
         w = self.workload
-        per_client = self.max_model_len // self.block_size
-        return max(round(self.history_blocks * KV_SHARE), min(w.max_parallel, w.num_clients) * per_client + 1)
+        in_flight = min(w.max_parallel, w.num_clients) * self.first_history_blocks + 1
+        return max(round(self.history_blocks * KV_SHARE), in_flight, self.min_kv_blocks)
 
     def expected_chunks(self) -> int:
-        """Whole prompt blocks of the workload (each round's prompt extends the previous one)."""
+        """Whole prompt blocks of the first run (each round's prompt extends the previous one)."""
         w = self.workload
         return w.num_clients * (w.prompt_tokens(w.num_rounds - 1) // self.block_size)
 
@@ -193,12 +224,7 @@ class VLLMBenchConfig:
         return [int(x) for x in rng.integers(WARM_UP_TOKEN_BASE, 2 * WARM_UP_TOKEN_BASE, n)]
 
 
-# ---- one configuration -----------------------------------------------------------------------------
-
-def _progress(cfg: VLLMBenchConfig, desc: str) -> tqdm:
-    return tqdm(total=cfg.workload.num_requests, desc=desc, unit="req", file=sys.stderr, leave=False,
-                dynamic_ncols=True, disable=not cfg.show_progress or not sys.stderr.isatty())
-
+# ---- the runs --------------------------------------------------------------------------------------
 
 def _child_env(cfg: VLLMBenchConfig) -> dict[str, str]:
     import chunkstore
@@ -213,306 +239,206 @@ def _child_env(cfg: VLLMBenchConfig) -> dict[str, str]:
     return env
 
 
-def run_configuration(cfg: VLLMBenchConfig, setup: Setup, plan: dict, work: Path) -> dict:
-    """Run one configuration's process to its end; returns what it wrote. Raises BenchFailure
-    (with the end of its log) when it fails or outlives ``cfg.timeout_s``."""
-    import json
-
-    plan_path, result_path, log_path = (work / f"{setup.name.lower()}.{ext}" for ext in ("plan.json", "result.json",
-                                                                                           "log"))
-    plan_path.write_text(json.dumps(plan))
-    read_fd, write_fd = os.pipe()
-    started = time.perf_counter()
-    with open(log_path, "wb") as log, _progress(cfg, f"{setup.value}: starting vLLM") as bar:
-        proc = subprocess.Popen([sys.executable, "-m", "chunkstore.bench.vllm_child", str(plan_path),
-                                 str(result_path), str(write_fd)], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, pass_fds=(write_fd,), env=_child_env(cfg))
-        os.close(write_fd)
-        buffered = b""
-        try:
-            while True:  # the child writes one line per event; EOF when it exits
-                left = cfg.timeout_s - (time.perf_counter() - started)
-                if left <= 0 or not select.select([read_fd], [], [], left)[0]:
-                    _stop_hung(proc)
-                    raise BenchFailure(f"{setup.value} ran past --timeout-s {cfg.timeout_s:g} (the stacks of its "
-                                       f"threads end its log){_log_tail(log_path, 80)}")
-                chunk = os.read(read_fd, 4096)
-                if not chunk:
-                    break
-                buffered += chunk
-                *lines, buffered = buffered.split(b"\n")
-                for line in lines:
-                    if line == b"ready":
-                        bar.set_description(setup.value)
-                    elif line == b"reply":
-                        bar.update()
-            code = proc.wait(timeout=max(1.0, cfg.timeout_s - (time.perf_counter() - started)))
-        except subprocess.TimeoutExpired:
-            _stop_hung(proc)
-            raise BenchFailure(f"{setup.value} did not exit within --timeout-s {cfg.timeout_s:g}") from None
-        finally:
-            os.close(read_fd)
-    if code != 0 or not result_path.exists():
-        raise BenchFailure(f"{setup.value}: vLLM's process exited with {code}{_log_tail(log_path)}")
-    out = json.loads(result_path.read_text())
-    out["wall_s"] = time.perf_counter() - started
-    out["load_failures"] = load_failures(log_path.read_text(errors="replace"))
-    return out
+def _disk_usage(folder: Path | None) -> tuple[int | None, int | None]:
+    """Bytes (as the files' sizes say) and files under a system's data folder; None without one."""
+    if folder is None:
+        return None, None
+    files = files_under(folder)
+    return sum(p.stat().st_size for p in files), len(files)
 
 
-def load_failures(log: str) -> dict[str, int]:
-    """The KV load failures vLLM logged in a child's log: requests and tokens affected."""
-    requests = tokens = 0
-    for pattern in (_RECOVERED, _FAILED):
-        for match in pattern.finditer(log):
-            requests += int(match.group(1))
-            tokens += int(match.group(2))
-    return {"requests": requests, "tokens": tokens}
+@dataclass(slots=True)
+class _Bench:
+    """One invocation's shared state: the config, the base plan, the work folder, the budget."""
+
+    cfg: VLLMBenchConfig
+    base_plan: dict
+    work: Path
+    budget: Budget
+    cold_methods: set[str] = field(default_factory=set)
+
+    def run_system(self, system: System, rep: int) -> tuple[list[dict], dict[str, dict]]:
+        """``system``'s first run and restarts in repetition ``rep``: a row per phase, and by
+        phase the records of each run that finished (for the outputs' check)."""
+        cfg = self.cfg
+        folder = self.work / f"rep{rep + 1}" / system.value
+        folder.mkdir(parents=True)
+        setup = setup_for(system, folder / "kv", self.budget)
+        env = {**_child_env(cfg), **setup.env}
+        rows: list[dict] = []
+        records: dict[str, dict] = {}
+
+        def row(phase: Phase, status: str, reason: str | None = None) -> dict:
+            return {"system": system.value, "rep": rep, "phase": phase.value, "status": status, "reason": reason}
+
+        missing = system.missing_package()
+        if missing is not None:
+            return [row(p, MISSING, missing) for p in cfg.phases], records
+        first: dict | None = None
+        for phase in cfg.phases:
+            if phase is not Phase.FIRST and first is None:
+                rows.append(row(phase, SKIPPED, "its first run did not finish"))
+                continue
+            if phase is not Phase.FIRST:
+                self.cold_methods.add(make_cold(files_under(setup.data) if setup.data is not None else []))
+            plan, prior = self._plan(system, setup, phase, first)
+            load_average = os.getloadavg()[0]  # what else ran on the host as this run started
+            name = f"rep{rep + 1}-{system.value}-{phase.value}"
+            try:
+                got = run_child(plan, env, folder, name, timeout_s=cfg.timeout_s,
+                                num_requests=Workload(**plan["workload"]).num_requests,
+                                show_progress=cfg.show_progress)
+            except RunFailed as exc:
+                rows.append(row(phase, FAILED, str(exc)))
+                continue
+            first = got if phase is Phase.FIRST else first
+            records[phase.value] = got
+            figures = summarize_run(got, page_size=cfg.block_size, prior=prior, replayed=phase is Phase.REPLAY)
+            disk_bytes, disk_files = _disk_usage(setup.data)
+            rows.append({**row(phase, RAN), **figures, "disk_bytes": disk_bytes, "disk_files": disk_files,
+                         "notes": got["notes"], "load_average_1m": load_average})
+        return rows, records
+
+    def _plan(self, system: System, setup: SystemSetup, phase: Phase,
+              first: dict | None) -> tuple[dict, dict[int, tuple[int, int]] | None]:
+        """The child's plan for one run, and for a restart that continues each client's last
+        request of the first run (``(prompt_tokens, completion_tokens)``, for the ideal hit rate)."""
+        cfg = self.cfg
+        plan = dict(self.base_plan, transfer=setup.transfer, workload=asdict(cfg.workload), history=None,
+                    round_offset=0, expected_chunks=None, chunkstore_data=None)
+        if phase is Phase.FIRST and system is System.CHUNKSTORE:
+            plan.update(expected_chunks=cfg.expected_chunks(), chunkstore_data=str(setup.data))
+        if phase is not Phase.CONTINUE:
+            return plan, None
+        plan.update(workload=asdict(cfg.continue_workload), history=first["history"],
+                    round_offset=cfg.workload.num_rounds)
+        last = cfg.workload.num_rounds - 1
+        return plan, {r["client"]: (r["prompt_tokens"], r["completion_tokens"])
+                      for r in first["records"] if r["round"] == last}
 
 
-def _stop_hung(proc: subprocess.Popen) -> None:
-    """Have a hung child write its threads' stacks to its log (faulthandler, SIGUSR1), then kill it."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGUSR1)
-        time.sleep(1.0)
-    proc.kill()
-    proc.wait()
+def _compare(rows: list[dict], records: dict[tuple[str, str, int], dict]) -> None:
+    """Ratios and the outputs' check of every run that ran, against vLLM alone's same repetition and phase."""
+    for row in rows:
+        if row["status"] != RAN:
+            continue
+        base_row = next((r for r in rows if (r["system"], r["rep"], r["phase"], r["status"])
+                         == (System.VLLM.value, row["rep"], row["phase"], RAN)), None)
+        add_ratios(row, base_row)
+        if row["system"] != System.VLLM.value and base_row is not None:
+            base = records[System.VLLM.value, row["phase"], row["rep"]]["records"]
+            row["outputs"] = compare_outputs(base, records[row["system"], row["phase"], row["rep"]]["records"])
+        else:
+            row["outputs"] = None
 
 
-def _log_tail(path: Path, lines: int = 25) -> str:
-    text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
-    return ("; the end of its log:\n" + "\n".join(text[-lines:])) if text else ""
-
-
-# ---- figures ---------------------------------------------------------------------------------------
-
-def summarize(setup: Setup, cfg: VLLMBenchConfig, got: dict) -> dict:
-    """One configuration's figures: summarize_run's (the multi-turn benchmark's definitions) that a
-    vLLM run measures, and what only vLLM reports (imported here: the report imports torch, --help must not)."""
-    from chunkstore.bench.multiturn_report import summarize_run
-
-    records = [RequestRecord(r["client"], r["round"], r["sent_at_s"],
-                             Reply(text="", output_ids=tuple(r["output_ids"]), prompt_tokens=r["prompt_tokens"],
-                                   completion_tokens=r["completion_tokens"], cached_tokens=r["cached_tokens"],
-                                   tier_tokens=None, ttft_s=r["ttft_s"], latency_s=r["latency_s"]))
-               for r in got["records"]]
-    full = summarize_run(setup.value, setup.description, DriveResult(records, got["duration_s"]), None,
-                         page_size=cfg.block_size, bytes_per_token=None)
-    keep = ("name", "description", "num_requests", "prompt_tokens", "cached_tokens", "completion_tokens", "hit_rate",
-            "ideal_hit_rate", "ttft_avg_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "latency_avg_s",
-            "latency_p90_s", "duration_s", "throughput_rps", "input_tokens_per_s", "output_tokens_per_s")
-    run = {k: full[k] for k in keep}
-    sources = got["prompt_sources"]
-    total = sum(sources.values())
-    run["hit_rate_by_source"] = {"vllm": sources["local_cache_hit"] / total if total else None,
-                                 "chunkstore": sources["external_kv_transfer"] / total if total else None}
-    engine = [r["engine_ttft_s"] for r in got["records"] if r["engine_ttft_s"] is not None]
-    run["ttft_vllm_avg_s"] = float(np.mean(engine)) if len(engine) == len(records) else None
-    run.update({"startup_s": got["startup_s"], "warm_up_s": got["warm_up_s"], "wall_s": got["wall_s"],
-                "chunks_stored": got["chunks_stored"], "chunk_wait_s": got["chunk_wait_s"],
-                "load_failures": got["load_failures"]})
-    return run
-
-
-def _is_near_tie(top2: list, other_token: int) -> bool:
-    """Whether ``other_token`` was this run's second choice, within NEAR_TIE_NATS of its first."""
-    return len(top2) == 2 and top2[1][0] == other_token and top2[0][1] - top2[1][1] <= NEAR_TIE_NATS
-
-
-def compare_outputs(got: dict[Setup, dict]) -> dict:
-    """Each configuration's greedy tokens against vllm's, client by client, round by round, up to a
-    client's first difference (its later prompts hold its own replies, so they differ). Raises
-    BenchFailure naming the request when a difference is not a near tie; returns the comparison."""
-    def by_request(setup: Setup) -> dict[tuple[int, int], dict]:
-        return {(r["client"], r["round"]): r for r in got[setup]["records"]}
-
-    base = by_request(Setup.VLLM)
-    compared, near_ties = 0, []
-    for setup in (Setup.CONNECTOR, Setup.RESTART):
-        other = by_request(setup)
-        for client in sorted({c for c, _ in base}):
-            for round_index in sorted(r for c, r in base if c == client):
-                b, o = base[client, round_index], other.get((client, round_index))
-                if o is None:
-                    raise BenchFailure(f"{setup.value} lacks client {client} round {round_index}")
-                compared += 1
-                if o["output_ids"] == b["output_ids"]:
-                    continue
-                i = next((k for k, (x, y) in enumerate(zip(b["output_ids"], o["output_ids"])) if x != y), None)
-                if i is not None and _is_near_tie(b["top2"][i], o["output_ids"][i]) \
-                        and _is_near_tie(o["top2"][i], b["output_ids"][i]):
-                    near_ties.append({"configuration": setup.value, "client": client, "round": round_index,
-                                      "token_index": i, "gap_nats": [b["top2"][i][0][1] - b["top2"][i][1][1],
-                                                                     o["top2"][i][0][1] - o["top2"][i][1][1]]})
-                    break  # this client's later prompts hold another reply
-                raise BenchFailure(f"{setup.value} generated other tokens than vllm for client {client} round "
-                                   f"{round_index}: {o['output_ids']} vs {b['output_ids']} (not a near tie: "
-                                   f"best two {o['top2'][i] if i is not None else '-'} vs "
-                                   f"{b['top2'][i] if i is not None else '-'})")
-    return {"identical": not near_ties, "compared_requests": compared, "near_tie_nats": NEAR_TIE_NATS,
-            "near_tie_divergences": near_ties}
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+def _model_description(cfg: VLLMBenchConfig, shape: ModelShape | None) -> dict:
+    if shape is None:
+        return {"path": str(cfg.model_path), "description": str(cfg.model_path), "shape": None}
+    return {"path": None, "shape": asdict(shape),
+            "description": f"random-weight Llama made here, {shape.num_layers} layers, hidden {shape.hidden_size}, "
+                           f"{shape.num_kv_heads} KV heads of {shape.head_dim}, bf16"}
 
 
 def run_vllm_bench(cfg: VLLMBenchConfig) -> dict:
-    """All three configurations, then the ratios and the targets; returns the dict the table and
-    the JSON show. Everything is written under a temporary folder (in ``cfg.work_dir`` when
-    given), removed after. Raises BenchFailure when a configuration fails or outputs differ,
-    ImportError when vLLM cannot be imported."""
+    """Every system's first run and restarts, ``cfg.reps`` times; returns the dict the table, the
+    JSON and the plot show. Everything is written under a temporary folder (in ``cfg.work_dir``
+    when given), removed after. Raises BenchFailure when vLLM alone never ran, ImportError when
+    vLLM cannot be imported."""
     with contextlib.redirect_stdout(sys.stderr):  # before any work; vLLM's logger binds the stream it finds
-        import vllm  # noqa: F401
+        import vllm
+        from vllm.platforms import current_platform
 
     started = time.perf_counter()
     load_average = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="chunkstore-bench-vllm-", dir=cfg.work_dir))
     kv_blocks = cfg.kv_blocks if cfg.kv_blocks is not None else cfg.derive_kv_blocks()
     shape = None if cfg.model_path is not None else ModelShape()
-    data = work / "kv"
+    rows: list[dict] = []
+    records: dict[tuple[str, str, int], dict] = {}
+    orders: list[list[str]] = []
     try:
-        model = str(cfg.model_path) if cfg.model_path is not None else str(work / "model")
+        model = Path(cfg.model_path) if cfg.model_path is not None else work / "model"
         if shape is not None:
-            shape.save(Path(model))
-        base = {"model": model, "block_size": cfg.block_size, "kv_blocks": kv_blocks,
-                "max_model_len": cfg.max_model_len, "prefix_caching": cfg.prefix_caching, "seed": cfg.workload.seed,
-                "workload": asdict(cfg.workload), "warm_up_tokens": cfg.warm_up_tokens(),
-                "connector_module": CONNECTOR_MODULE, "background_priority": cfg.background_priority,
-                "flush_timeout_s": cfg.flush_timeout_s}
-        got: dict[Setup, dict] = {}
-        cold_method = None
-        for setup in Setup:
-            plan = dict(base, data=None if setup is Setup.VLLM else str(data),
-                        expected_chunks=cfg.expected_chunks() if setup is Setup.CONNECTOR else None)
-            if setup is Setup.RESTART:
-                cold_method = make_cold(files_under(data))
-            got[setup] = run_configuration(cfg, setup, plan, work)
-        store_bytes = sum(p.stat().st_size for p in files_under(data))
+            shape.save(model)
+        host_bytes = HOST_MAX_LEN_MULTIPLE * cfg.max_model_len * kv_bytes_per_token(model)
+        base_plan = {"model": str(model), "block_size": cfg.block_size, "kv_blocks": kv_blocks,
+                     "max_model_len": cfg.max_model_len, "prefix_caching": cfg.prefix_caching,
+                     "seed": cfg.workload.seed, "warm_up_tokens": cfg.warm_up_tokens(),
+                     "flush_timeout_s": cfg.flush_timeout_s}
+        budget = Budget(cfg.block_size, host_bytes, current_platform.is_cpu(), cfg.background_priority)
+        bench = _Bench(cfg, base_plan, work, budget)
+        for rep in range(cfg.reps):
+            order = cfg.systems if rep % 2 == 0 else cfg.systems[::-1]
+            orders.append([s.value for s in order])
+            for system in order:
+                got_rows, got_records = bench.run_system(system, rep)
+                rows += got_rows
+                records.update({(system.value, phase, rep): got for phase, got in got_records.items()})
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    outputs = compare_outputs(got)
-
-    runs = [summarize(s, cfg, got[s]) for s in Setup]
-    plain, connector, restart = runs
+    if not any(r["system"] == System.VLLM.value and r["status"] == RAN for r in rows):
+        reasons = sorted({r["reason"] for r in rows if r["system"] == System.VLLM.value})
+        raise BenchFailure(f"vLLM alone did not run, so nothing can be compared: {'; '.join(reasons)}")
+    _compare(rows, records)
+    phases = [p.value for p in cfg.phases]
+    systems = [s.value for s in cfg.systems]
+    continue_workload = cfg.continue_workload
     result = {
-        "model": {"name": cfg.model_path.name if cfg.model_path is not None else "random-weight Llama (made here)",
-                  "path": str(cfg.model_path) if cfg.model_path is not None else None,
-                  "shape": asdict(shape) if shape is not None else None, "dtype": "bfloat16" if shape else None,
-                  "kv_bytes_per_token": shape.kv_bytes_per_token if shape else None},
-        "vllm_version": got[Setup.VLLM]["vllm_version"],
+        "model": _model_description(cfg, shape),
+        "vllm_version": vllm.__version__,
+        "systems": [{"name": s.value, "description": s.description} for s in cfg.systems],
+        "phases": phases,
+        "reps": cfg.reps,
+        "orders": orders,
+        "workload": asdict(cfg.workload),
+        "continue_workload": asdict(continue_workload) if continue_workload is not None else None,
         "block_size": cfg.block_size,
         "kv_blocks": kv_blocks,
         "kv_blocks_derived": cfg.kv_blocks is None,
         "history_blocks": cfg.history_blocks,
         "kv_share": (kv_blocks - 1) / cfg.history_blocks,
         "max_model_len": cfg.max_model_len,
+        "host_bytes": host_bytes,
+        "platform": current_platform.device_type,  # vLLM's: cpu, cuda, ...
         "prefix_caching": cfg.prefix_caching,
         "background_priority": cfg.background_priority,
         "forward_threads": cfg.threads,
         "cpu_count": os.cpu_count(),
-        "workload": asdict(cfg.workload),
-        "runs": runs,
         "chunks_expected": cfg.expected_chunks(),
-        "store_bytes": store_bytes,
-        "cold_method": cold_method,
-        "outputs_identical": outputs["identical"],
-        "outputs": outputs,
-        "restart_ttft_avg_vs_vllm": _ratio(restart["ttft_avg_s"], plain["ttft_avg_s"]),
-        "restart_ttft_p50_vs_vllm": _ratio(restart["ttft_p50_s"], plain["ttft_p50_s"]),
-        "restart_ttft_p90_vs_vllm": _ratio(restart["ttft_p90_s"], plain["ttft_p90_s"]),
-        "restart_throughput_vs_vllm": _ratio(restart["throughput_rps"], plain["throughput_rps"]),
-        "restart_hit_rate_vs_chunkstore": _ratio(restart["hit_rate"], connector["hit_rate"]),
-        "chunkstore_ttft_avg_vs_vllm": _ratio(connector["ttft_avg_s"], plain["ttft_avg_s"]),
-        "chunkstore_throughput_vs_vllm": _ratio(connector["throughput_rps"], plain["throughput_rps"]),
+        "cold_method": ", ".join(sorted(bench.cold_methods)) or None,
+        "runs": rows,
+        "summary": summarize_systems(rows, systems, phases),
+        "outputs_identical": all(r["outputs"]["verdict"] != DIFFER for r in rows if r.get("outputs")),
         "load_average_1m": load_average,
         "total_s": time.perf_counter() - started,
     }
-    ratio = result["restart_hit_rate_vs_chunkstore"]
-    record_targets(result, [Target("restart_hit_rate_vs_chunkstore", ratio if ratio is not None else 0.0, ">=", 0.95)])
+    record_targets(result, targets(rows, cfg.reps, phases))
     return result
-
-
-# ---- presentation ----------------------------------------------------------------------------------
-
-def _fmt(value, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec)
-
-
-def format_table(r: dict) -> str:
-    """The terminal table: one column per configuration, then the ratios (built from the JSON's dict)."""
-    runs = r["runs"]
-
-    def source(run: dict, name: str) -> str:
-        return _fmt(run["hit_rate_by_source"][name], ".3f")
-
-    rows: list[tuple[str, list[str]]] = [
-        ("hit rate (cached / prompt tokens)", [_fmt(x["hit_rate"], ".3f") for x in runs]),
-        ("  from vLLM's prefix cache", [source(x, "vllm") for x in runs]),
-        ("  from chunkstore", [source(x, "chunkstore") for x in runs]),
-        ("ideal hit rate (infinite cache)", [_fmt(x["ideal_hit_rate"], ".3f") for x in runs]),
-        ("TTFT avg (s)", [_fmt(x["ttft_avg_s"], ".3f") for x in runs]),
-        ("TTFT P50 (s)", [_fmt(x["ttft_p50_s"], ".3f") for x in runs]),
-        ("TTFT P90 (s)", [_fmt(x["ttft_p90_s"], ".3f") for x in runs]),
-        ("TTFT avg, vLLM's own metric (s)", [_fmt(x["ttft_vllm_avg_s"], ".3f") for x in runs]),
-        ("latency avg (s)", [_fmt(x["latency_avg_s"], ".3f") for x in runs]),
-        ("throughput (req/s)", [_fmt(x["throughput_rps"], ".2f") for x in runs]),
-        ("output tokens/s", [_fmt(x["output_tokens_per_s"], ".1f") for x in runs]),
-        ("input tokens/s", [_fmt(x["input_tokens_per_s"], ".0f") for x in runs]),
-        ("workload duration (s)", [_fmt(x["duration_s"], ".1f") for x in runs]),
-        ("process wall time (s)", [_fmt(x["wall_s"], ".1f") for x in runs]),
-        ("KV load failures: requests / tokens", [f"{x['load_failures']['requests']} / {x['load_failures']['tokens']}"
-                                                  for x in runs]),
-    ]
-    names = [x["name"] for x in runs]
-    label_width = max(len(label) for label, _ in rows)
-    widths = [max(len(n), *(len(cells[i]) for _, cells in rows)) for i, n in enumerate(names)]
-    w = r["workload"]
-    rate = "no gaps" if math.isinf(w["request_rate"]) else f"{w['request_rate']:g} req/s Poisson"
-    shape = r["model"]["shape"]
-    model = r["model"]["path"] or (f"{r['model']['name']}, {shape['num_layers']} layers, "
-                                   f"hidden {shape['hidden_size']}, bf16")
-    head = (f"{PROG}: {w['num_clients']} clients x {w['num_rounds']} rounds, {w['request_length']} + "
-            f"{w['output_length']} tokens a round, at most {w['max_parallel']} in flight, {rate}, seed {w['seed']}")
-    setting = (f"vLLM {r['vllm_version']}, model {model}; block {r['block_size']} tokens, KV cache {r['kv_blocks']} "
-               f"blocks ({r['kv_share']:.2f} of the final histories' {r['history_blocks']}), prefix caching "
-               f"{'on' if r['prefix_caching'] else 'off'}; forward on {r['forward_threads']} of {r['cpu_count']} "
-               f"cores; restart's files made cold by {r['cold_method']}; load average {r['load_average_1m']:.1f}")
-    lines = [head, setting, ""]
-    lines.append(" " * label_width + "  " + "  ".join(n.rjust(wd) for n, wd in zip(names, widths)))
-    lines += [label.ljust(label_width) + "  " + "  ".join(c.rjust(wd) for c, wd in zip(cells, widths))
-              for label, cells in rows]
-    o = r["outputs"]
-    same = ("greedy outputs identical in all three" if o["identical"] else
-            f"greedy outputs identical but for {len(o['near_tie_divergences'])} near ties (the best two within "
-            f"{o['near_tie_nats']:g} nats in both runs; that client's later rounds not compared)")
-    stored = f"chunks stored {runs[1]['chunks_stored']} of {r['chunks_expected']} ({r['store_bytes'] / 1e6:.1f} MB)"
-    lines += ["", f"{stored}; {same}", ""]
-    for key, label in (("restart_ttft_avg_vs_vllm", "restart / vllm, TTFT avg"),
-                       ("restart_ttft_p50_vs_vllm", "restart / vllm, TTFT P50"),
-                       ("restart_throughput_vs_vllm", "restart / vllm, throughput"),
-                       ("chunkstore_ttft_avg_vs_vllm", "vllm+chunkstore / vllm, TTFT avg"),
-                       ("chunkstore_throughput_vs_vllm", "vllm+chunkstore / vllm, throughput")):
-        lines.append(f"{label:<40} {_fmt(r[key], '8.3f')}")
-    t = r["targets"]["restart_hit_rate_vs_chunkstore"]
-    lines.append(f"{'restart / vllm+chunkstore, hit rate':<40} {t['value']:8.3f}  {t['target']:<7} "
-                 f"{'pass' if t['pass'] else 'FAIL'}")
-    lines += ["", verdict_line(r, "timings swing on a shared machine"), f"total {r['total_s']:.0f} s"]
-    return "\n".join(lines)
 
 
 # ---- command line ----------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``chunkstore bench vllm``."""
-    d, c = Workload(), VLLMBenchConfig()
+    d, c = DEFAULT_WORKLOAD, VLLMBenchConfig()
     add_output_arguments(parser)
+    parser.add_argument("--systems", default=",".join(s.value for s in System), metavar="LIST",
+                        help=f"the systems to run, comma-separated, any of {', '.join(s.value for s in System)} "
+                             "(default: all; vllm, the baseline, always runs)")
+    parser.add_argument("--restart", default=Phase.CONTINUE.value, metavar="KIND",
+                        help="what the new process after each first run does: continue (every conversation goes on "
+                             "with new questions), replay (the same conversations again), or continue,replay "
+                             "(default continue)")
+    parser.add_argument("--continue-rounds", type=int, default=c.continue_rounds,
+                        help=f"rounds each conversation goes on for after a restart that continues "
+                             f"(default {c.continue_rounds})")
+    parser.add_argument("--reps", type=int, default=c.reps,
+                        help=f"repetitions; the systems' order is reversed in every other one (default {c.reps})")
     parser.add_argument("--num-clients", type=int, default=d.num_clients,
                         help=f"conversations, each a client (default {d.num_clients})")
     parser.add_argument("--num-rounds", type=int, default=d.num_rounds,
-                        help=f"requests per client (default {d.num_rounds})")
+                        help=f"requests per client in the first run (default {d.num_rounds})")
     parser.add_argument("--request-length", type=int, default=d.request_length,
                         help=f"tokens of each new question (default {d.request_length})")
     parser.add_argument("--output-length", type=int, default=d.output_length,
@@ -528,19 +454,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"vLLM's tokens per block, a multiple of {CPU_BLOCK_MULTIPLE} on the CPU "
                              f"(default {c.block_size})")
     parser.add_argument("--kv-blocks", type=int, default=None, metavar="N",
-                        help="vLLM's KV cache in blocks, the same in every configuration (default: a quarter of "
-                             "the final histories, at least the requests in flight)")
+                        help="vLLM's KV cache in blocks, the same for every system (default: a quarter of the "
+                             "first run's final histories, at least the requests in flight)")
     parser.add_argument("--no-prefix-caching", action="store_true",
-                        help="turn vLLM's own prefix caching off in every configuration")
+                        help="turn vLLM's own prefix caching off for every system")
     parser.add_argument("--background-priority", choices=PRIORITIES, default=None,
-                        help="the connector's writer thread priority (default: the connector's)")
+                        help="the chunkstore connector's writer thread priority (default: the connector's)")
     parser.add_argument("--forward-threads", type=int, default=None, metavar="N",
-                        help="OpenMP threads of vLLM's forward, the same in every configuration (default: all "
-                             "cores but one, left to the connector and vLLM's scheduler)")
+                        help="OpenMP threads of vLLM's forward, the same for every system (default: all cores but "
+                             "one, left to the connectors and vLLM's scheduler)")
     parser.add_argument("--work-dir", metavar="DIR", type=Path, default=None,
-                        help="make the temporary folder (model, data folder) in DIR (default: the system's)")
+                        help="make the temporary folder (model, data folders, logs) in DIR (default: the system's)")
     parser.add_argument("--timeout-s", type=float, default=c.timeout_s,
-                        help=f"longest run of one configuration's process (default {c.timeout_s:g})")
+                        help=f"longest run of one process (default {c.timeout_s:g})")
+    parser.add_argument("--plot", metavar="PATH", type=Path, default=None,
+                        help="also write a PNG of the systems side by side (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
 
@@ -550,28 +478,55 @@ def config_from_args(args: argparse.Namespace) -> VLLMBenchConfig:
     workload = Workload(num_clients=args.num_clients, num_rounds=args.num_rounds, request_length=args.request_length,
                         output_length=args.output_length, max_parallel=args.max_parallel,
                         request_rate=args.request_rate, seed=args.seed)
-    return VLLMBenchConfig(workload=workload, model_path=args.model, block_size=args.block_size,
+    return VLLMBenchConfig(workload=workload, systems=System.parse_list(args.systems),
+                           restarts=Phase.parse_restarts(args.restart), continue_rounds=args.continue_rounds,
+                           reps=args.reps, model_path=args.model, block_size=args.block_size,
                            kv_blocks=args.kv_blocks, prefix_caching=not args.no_prefix_caching,
                            background_priority=args.background_priority, forward_threads=args.forward_threads,
-                           work_dir=args.work_dir,
-                           timeout_s=args.timeout_s, show_progress=not args.no_progress)
+                           work_dir=args.work_dir, timeout_s=args.timeout_s, show_progress=not args.no_progress)
+
+
+def _configure(args: argparse.Namespace) -> VLLMBenchConfig:
+    """The config, checked against this interpreter's vLLM; ValueError for a bad option or no vLLM."""
+    from chunkstore.bench.vllm_plot import check_matplotlib
+
+    cfg = config_from_args(args)
+    check_output_path(args)
+    if args.plot is not None:
+        if not args.plot.parent.is_dir():
+            raise ValueError(f"--plot {args.plot}: folder {args.plot.parent} does not exist")
+        check_matplotlib()
+    try:
+        # vLLM's logger binds the stream it finds when imported; stdout is for the JSON alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            from vllm.platforms import current_platform
+    except ImportError as exc:
+        raise ValueError(f"vLLM is not importable in {sys.executable} ({exc}); {ENV_HINT}") from None
+    if current_platform.is_cpu() and cfg.block_size % CPU_BLOCK_MULTIPLE:
+        raise ValueError(f"--block-size {cfg.block_size}: vLLM's CPU backend takes a multiple of {CPU_BLOCK_MULTIPLE}")
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit code: 0 done, 1 a configuration failed or outputs differ (or a target was missed under
-    --strict), 2 bad options or no vLLM."""
-    def configure() -> VLLMBenchConfig:
-        cfg = config_from_args(args)
-        try:
-            # vLLM's logger binds the stream it finds when imported; stdout is for the JSON alone.
-            with contextlib.redirect_stdout(sys.stderr):
-                from vllm.platforms import current_platform
-        except ImportError as exc:
-            raise ValueError(f"vLLM is not importable in {sys.executable} ({exc}); {ENV_HINT}") from None
-        if current_platform.is_cpu() and cfg.block_size % CPU_BLOCK_MULTIPLE:
-            raise ValueError(f"--block-size {cfg.block_size}: vLLM's CPU backend takes a multiple of "
-                             f"{CPU_BLOCK_MULTIPLE}")
-        return cfg
+    """Exit code: 0 done; 1 vLLM alone did not run, a system's outputs differ from vLLM alone's
+    (after the table), or a target was missed under --strict; 2 bad options or no vLLM."""
+    from chunkstore.bench.vllm_plot import write_plot
 
-    return run_bench(args, PROG, configure, run_vllm_bench, format_table, failures=(BenchFailure,),
-                     failed="the benchmark failed")
+    try:
+        cfg = _configure(args)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = run_vllm_bench(cfg)
+    except BenchFailure as exc:
+        print(f"{PROG}: the benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    emit_result(args, result, format_table(result))
+    if args.plot is not None:
+        write_plot(result, args.plot)
+    if not result["outputs_identical"]:
+        print(f"{PROG}: a system's greedy outputs differ from vLLM alone's beyond near ties (see 'outputs')",
+              file=sys.stderr)
+        return 1
+    return 1 if args.strict and not result["all_pass"] else 0

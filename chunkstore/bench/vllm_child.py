@@ -1,21 +1,25 @@
-"""One configuration of ``chunkstore bench vllm`` in a process of its own: a vLLM engine (with or
-without the chunkstore connector, as the plan says) driven step by step by one thread while the
-multi-turn workload's clients submit to it; writes the requests' records as JSON.
+"""One run of ``chunkstore bench vllm`` in a process of its own: a vLLM engine (with the KV
+connector the plan names, or none) driven step by step by one thread while the multi-turn
+workload's clients submit to it; writes the requests' records as JSON, or the error that stopped it.
 
 Invariants: only the engine thread touches the engine (clients hand it requests through a queue);
 a request's TTFT runs from its client's submit to the step that returned its first token, and its
 latency to the step that finished it (both ``time.perf_counter`` in this process); the replies are
-greedy, ``output_length`` tokens, EOS ignored; with a connector the run ends only when the store
-holds every whole prompt block of the workload (or the wait times out, reported). vLLM is imported
-inside ``main`` only. ``python -m chunkstore.bench.vllm_child PLAN.json RESULT.json PROGRESS_FD``.
+greedy, ``output_length`` tokens, EOS ignored; a plan's ``history`` (a restart that continues)
+precedes each client's conversation, token for token; with the chunkstore connector's first run,
+the run ends only when the store holds every whole prompt block of the workload (or the wait times
+out, reported). vLLM is imported inside ``main`` only.
+``python -m chunkstore.bench.vllm_child PLAN.json RESULT.json PROGRESS_FD``.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import hashlib
 import json
 import os
 import queue
+import resource
 import signal
 import sys
 import threading
@@ -25,7 +29,10 @@ from dataclasses import dataclass, field
 from chunkstore.bench.workload import Conversation, Reply, Workload, drive
 
 IDLE_STEP_SLEEP_S = 0.001  # vLLM's own, in EngineCoreProc._process_engine_step
-WARM_UP_SALT = "chunkstore-bench-warm-up"  # its own namespace: the wait for the workload's blocks skips it
+WARM_UP_SALT = "chunkstore-bench-warm-up"
+# Each output token's best candidates are kept, so that a near tie of three or more (seen here:
+# two tokens at the same logprob in one run, a third 0.016 nats below in another) is told apart.
+BEST_K = 5  # its own namespace: the wait for the workload's blocks skips it
 
 
 @dataclass(slots=True)
@@ -37,7 +44,7 @@ class _Pending:
     submitted_s: float
     done: threading.Event = field(default_factory=threading.Event)
     output_ids: list[int] = field(default_factory=list)
-    top2: list[list[tuple[int, float]]] = field(default_factory=list)  # per output token: best two (id, logprob)
+    best: list[list[tuple[int, float]]] = field(default_factory=list)  # per output token: BEST_K (id, logprob)
     first_token_s: float | None = None
     finished_s: float | None = None
     cached_tokens: int = 0
@@ -124,8 +131,8 @@ class EngineLoop:
                     pending.engine_ttft_s = getattr(metrics, "first_token_latency", None) or None
                 pending.output_ids.extend(out.outputs[0].token_ids)  # DELTA: the new tokens only
                 for position in out.outputs[0].logprobs or ():
-                    best = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:2]
-                    pending.top2.append([(token, float(lp.logprob)) for token, lp in best])
+                    best = sorted(position.items(), key=lambda kv: -kv[1].logprob)[:BEST_K]
+                    pending.best.append([(token, float(lp.logprob)) for token, lp in best])
                 pending.cached_tokens = out.num_cached_tokens or 0
                 if out.finished:
                     pending.finished_s = now
@@ -160,19 +167,28 @@ def _build_engine(plan: dict, totals: dict[str, int]):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    transfer = None
-    if plan["data"] is not None:
-        extra = {"disk_path": plan["data"]}
-        if plan.get("background_priority"):
-            extra["background_priority"] = plan["background_priority"]
-        transfer = KVTransferConfig(kv_connector="ChunkstoreConnector",
-                                    kv_connector_module_path=plan["connector_module"], kv_role="kv_both",
-                                    kv_load_failure_policy="recompute", kv_connector_extra_config=extra)
+    transfer = KVTransferConfig(**plan["transfer"]) if plan["transfer"] is not None else None
     args = EngineArgs(model=plan["model"], enforce_eager=True, block_size=plan["block_size"],
                       enable_prefix_caching=plan["prefix_caching"], skip_tokenizer_init=True,
                       num_gpu_blocks_override=plan["kv_blocks"], max_model_len=plan["max_model_len"],
                       seed=plan["seed"], disable_log_stats=False, kv_transfer_config=transfer)
     return LLMEngine.from_engine_args(args, stat_loggers=[_prompt_sources_logger(totals)])
+
+
+def _disable_amx() -> None:
+    """vLLM's CPU attention picks its AMX kernel for bf16 in blocks of 32 wherever the CPU lists
+    AMX; on this project's machines (VMs listing amx_tile and amx_bf16) that kernel dies with
+    SIGILL on the first prefill with a cached prefix, connector or not (vLLM 0.32.0's CPU build).
+    Every system here runs the AVX-512 kernel instead, alike; a GPU's attention never asks."""
+    import torch
+
+    if hasattr(torch, "cpu") and hasattr(torch.cpu, "_is_amx_tile_supported"):
+        torch.cpu._is_amx_tile_supported = lambda: False
+
+
+def _digest(token_ids: list[int]) -> str:
+    """A short name of a prompt's tokens: two runs sent the same prompt when their digests match."""
+    return hashlib.blake2b(json.dumps(token_ids).encode(), digest_size=8).hexdigest()
 
 
 def _stored_chunks(data: str) -> int:
@@ -197,20 +213,19 @@ def _wait_for_chunks(data: str, expected: int, timeout_s: float) -> tuple[int, f
         time.sleep(0.1)
 
 
-def main(plan_path: str, result_path: str, progress_fd: int) -> None:
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for the stacks of a hung run
-    with open(plan_path) as f:
-        plan = json.load(f)
-    progress = os.fdopen(progress_fd, "w", buffering=1)
+def _run(plan: dict, progress) -> dict:
     started = time.perf_counter()
+    _disable_amx()
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     totals = {"computed": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
     engine = _build_engine(plan, totals)
     workload = Workload(**plan["workload"])
-    params = SamplingParams(max_tokens=workload.output_length, temperature=0.0, ignore_eos=True, logprobs=2,
-                            output_kind=RequestOutputKind.DELTA)  # the best two: near ties are told apart
+    history: dict[int, list[int]] = {int(c): ids for c, ids in (plan.get("history") or {}).items()}
+    round_offset = plan.get("round_offset", 0)
+    params = SamplingParams(max_tokens=workload.output_length, temperature=0.0, ignore_eos=True, logprobs=BEST_K,
+                            output_kind=RequestOutputKind.DELTA)  # the best: near ties are told apart
     loop = EngineLoop(engine, params)
     startup_s = time.perf_counter() - started
     try:
@@ -221,18 +236,17 @@ def main(plan_path: str, result_path: str, progress_fd: int) -> None:
         totals.update(dict.fromkeys(totals, 0))
         progress.write("ready\n")
 
-        engine_ttft: dict[tuple[int, int], float | None] = {}
-        top2: dict[tuple[int, int], list] = {}
+        sent: dict[tuple[int, int], dict] = {}
 
         def send(client: int, round_index: int, conversation: Conversation) -> Reply:
-            ids: list[int] = []
+            ids: list[int] = list(history.get(client, ()))
             for i, question in enumerate(conversation.questions):
                 ids += question.encode()  # ASCII bytes: token ids below 256, within the model's vocabulary
                 if i < len(conversation.replies):
                     ids += conversation.replies[i].output_ids
             p = loop.generate(ids)
-            engine_ttft[client, round_index] = p.engine_ttft_s
-            top2[client, round_index] = p.top2
+            sent[client, round_index] = {"engine_ttft_s": p.engine_ttft_s, "best": p.best,
+                                         "prompt_digest": _digest(ids), "history": ids + p.output_ids}
             return Reply(text="", output_ids=tuple(p.output_ids), prompt_tokens=len(ids),
                          completion_tokens=len(p.output_ids), cached_tokens=p.cached_tokens, tier_tokens=None,
                          ttft_s=p.first_token_s - p.submitted_s, latency_s=p.finished_s - p.submitted_s)
@@ -242,28 +256,67 @@ def main(plan_path: str, result_path: str, progress_fd: int) -> None:
         loop.close()
     sources = dict(totals)
     chunks = wait_s = None
-    if plan["data"] is not None and plan.get("expected_chunks") is not None:
-        chunks, wait_s = _wait_for_chunks(plan["data"], plan["expected_chunks"], plan["flush_timeout_s"])
-    records = [{"client": r.client, "round": r.round_index, "sent_at_s": r.sent_at_s,
-                "output_ids": list(r.reply.output_ids), "prompt_tokens": r.reply.prompt_tokens,
-                "completion_tokens": r.reply.completion_tokens, "cached_tokens": r.reply.cached_tokens,
-                "ttft_s": r.reply.ttft_s, "latency_s": r.reply.latency_s,
-                "engine_ttft_s": engine_ttft[r.client, r.round_index], "top2": top2[r.client, r.round_index]}
-               for r in result.records]
+    if plan.get("expected_chunks") is not None:
+        chunks, wait_s = _wait_for_chunks(plan["chunkstore_data"], plan["expected_chunks"], plan["flush_timeout_s"])
+    records, final_history = [], {}
+    for r in result.records:
+        extra = sent[r.client, r.round_index]
+        records.append({"client": r.client, "round": r.round_index + round_offset, "sent_at_s": r.sent_at_s,
+                        "output_ids": list(r.reply.output_ids), "prompt_tokens": r.reply.prompt_tokens,
+                        "completion_tokens": r.reply.completion_tokens, "cached_tokens": r.reply.cached_tokens,
+                        "ttft_s": r.reply.ttft_s, "latency_s": r.reply.latency_s,
+                        "engine_ttft_s": extra["engine_ttft_s"], "best": extra["best"],
+                        "prompt_digest": extra["prompt_digest"]})
+        if r.round_index == workload.num_rounds - 1:
+            final_history[r.client] = extra["history"]
     import vllm
 
-    out = {"vllm_version": vllm.__version__, "startup_s": startup_s, "warm_up_s": warm_up_s,
-           "duration_s": result.duration_s, "records": records, "prompt_sources": sources,
-           "chunks_stored": chunks, "chunk_wait_s": wait_s}
-    tmp = result_path + ".tmp"
+    return {"vllm_version": vllm.__version__, "startup_s": startup_s, "warm_up_s": warm_up_s,
+            "duration_s": result.duration_s, "records": records, "prompt_sources": sources,
+            "chunks_stored": chunks, "chunk_wait_s": wait_s, "history": final_history,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux: KiB
+
+
+def describe_error(exc: BaseException) -> str:
+    """The reason a run stopped, as one line: the innermost exception of the chain (vLLM wraps a
+    connector's error in its own), with the outermost's type when it differs."""
+    root, seen = exc, {id(exc)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        root = nxt
+    text = f"{type(root).__name__}: {str(root).strip()}".splitlines()[0] if str(root).strip() else type(root).__name__
+    return text if root is exc else f"{text} (raised as {type(exc).__name__})"
+
+
+def _write_json(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(out, f)
-    os.replace(tmp, result_path)
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def main(plan_path: str, result_path: str, progress_fd: int) -> int:
+    """Exit code 0 with the records in RESULT.json, or 1 with ``{"error": reason}`` there."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for the stacks of a hung run
+    with open(plan_path) as f:
+        plan = json.load(f)
+    progress = os.fdopen(progress_fd, "w", buffering=1)
+    try:
+        out = _run(plan, progress)
+    except Exception as exc:  # noqa: BLE001  (the parent reports the system as failed, with this reason)
+        import traceback
+
+        traceback.print_exc()  # the whole story goes to the log
+        _write_json(result_path, {"error": describe_error(exc)})
+        progress.close()
+        return 1
+    _write_json(result_path, out)
     progress.write("done\n")
     progress.close()
+    return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 4:
         sys.exit("usage: python -m chunkstore.bench.vllm_child PLAN.json RESULT.json PROGRESS_FD")
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
