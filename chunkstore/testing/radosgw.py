@@ -444,7 +444,8 @@ def ceph_conf(*, folder: Path, run_dir: Path, fsid: str, mon_port: int, gateway_
     gateway makes at its first start costs an OSD map epoch, and at the default 1 s the start-up
     took 12 s instead of 2 s. The disk-space checks are off (mon_data_avail_*: the monitor's store
     is tiny, and at the default 5 % free a full CI disk would stop it), the gateway waits at most
-    5 s for requests in flight when stopped, and paths for every file and socket are in `folder`
+    1 s for requests in flight when stopped (at 5 s, a stop of a gateway that had served a
+    client took the whole 5 s), and paths for every file and socket are in `folder`
     or `run_dir`, none under /var or /etc."""
     return f"""# chunkstore.testing.radosgw: a throwaway one-OSD cluster; made anew on every start
 [global]
@@ -491,7 +492,7 @@ rgw_data = {folder}/rgw
 rgw_frontends = beast endpoint={HOST}:{gateway_port}
 rgw_enable_apis = s3, admin
 rgw_thread_pool_size = 64
-rgw_exit_timeout_secs = 5
+rgw_exit_timeout_secs = 1
 rgw_gc_obj_min_wait = 60
 rgw_gc_processor_period = 60
 """
