@@ -13,9 +13,14 @@ import heapq
 from collections.abc import Set
 from dataclasses import dataclass
 
-from chunkstore.disk.index import ChunkIndex, ChunkRow
+from chunkstore.disk.index import ChunkIndex, ChunkRow, Leaf
 
 _LEAF_BATCH = 256
+# A parent the plan turns into a leaf is read with the lineage of the leaves waiting in the heap
+# (up to _LINEAGE_BATCH keys, each with _LINEAGE_DEPTH pages above it), so a plan that takes whole
+# chains asks the database about once per batch of leaves, not once per chunk.
+_LINEAGE_BATCH = 256
+_LINEAGE_DEPTH = 64
 
 
 class ChunkNotStoredError(LookupError):
@@ -125,6 +130,19 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
     children_left: dict[bytes, int] = {}  # parent key -> its stored children not planned yet
     victims: list[ChunkRow] = []
     freed = 0
+    read_ahead: dict[bytes, Leaf | None] = {}  # rows read with a lineage, not yet asked for (None: not stored)
+    lineage_read: set[bytes] = set()  # keys whose lineage has been read
+
+    def parent_leaf(parent: bytes) -> Leaf | None:
+        if parent not in read_ahead:
+            waiting = [item[1] for item in heap if item[1] not in lineage_read][:_LINEAGE_BATCH - 1]
+            keys = [parent, *waiting]
+            lineage_read.update(keys)
+            found = index.lineage(keys, _LINEAGE_DEPTH)
+            read_ahead.update(found)
+            if parent not in found:
+                read_ahead[parent] = None
+        return read_ahead.pop(parent)
 
     def done(is_complete: bool = True) -> EvictionPlan:
         return EvictionPlan(selection, tuple(victims), 0, is_complete, generation)
@@ -158,7 +176,7 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
         parent = row.parent_key
         children_left[parent] -= 1
         if children_left[parent] == 0 and parent not in exclude:
-            leaf = index.leaf(parent)
+            leaf = parent_leaf(parent)
             if leaf is not None and not leaf.row.pinned and (selection.namespace is None
                                                              or leaf.row.namespace == selection.namespace):
                 children_left.setdefault(leaf.row.parent_key, leaf.parent_num_children)
