@@ -1,5 +1,6 @@
-"""The index's read-only browsing helpers (list_chunks, count_chunks, child_keys, subtree, leaves, leaf)
-against a plain Python model of the same rows, on real SQLite files in tmp_path."""
+"""The index's read-only browsing helpers (list_chunks, count_chunks, child_keys, subtree, leaves, leaf,
+lineage) against a plain Python model of the same rows, on real SQLite files in tmp_path (lineage on
+PostgreSQL too)."""
 
 from __future__ import annotations
 
@@ -125,6 +126,39 @@ def test_children_subtree_and_leaves(indexed):
         leaf = index.leaf(r.key)
         assert leaf.row == r and leaf.parent_num_children == len(children[r.parent_key])
     assert index.leaf(b"\7" * 32) is None
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_lineage_reads_keys_and_their_ancestors_in_one_query(tmp_path, request, backend):
+    """lineage: the keys and their stored ancestors up to the depth, each parent's children
+    counted where the parent is stored (None for the root, which is not)."""
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else sqlite_url(tmp_path)
+    rows = make_rows(11, 120)
+    by_key = {r.key: r for r in rows}
+    children: dict[bytes, list[bytes]] = {}
+    for r in rows:
+        children.setdefault(r.parent_key, []).append(r.key)
+    index = ChunkIndex(url)
+    try:
+        index.insert(rows)
+        asked = [r.key for r in rows[-30:]] + [b"\7" * 32]
+        for depth in (0, 1, 3, 64):
+            want_keys = set()
+            for key in asked:
+                for _ in range(depth + 1):
+                    if key not in by_key:
+                        break
+                    want_keys.add(key)
+                    key = by_key[key].parent_key
+            got = index.lineage(asked, depth)
+            assert set(got) == want_keys
+            for key, leaf in got.items():
+                r = by_key[key]
+                assert leaf.row == r
+                assert leaf.parent_num_children == (len(children[r.parent_key]) if r.parent_key in by_key else None)
+        assert index.lineage([], 5) == {}
+    finally:
+        index.close()
 
 
 def test_listing_reads_a_read_only_index(tmp_path):

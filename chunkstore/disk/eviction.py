@@ -174,10 +174,13 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
         victims.append(row)
         freed += row.stored_bytes
         parent = row.parent_key
+        if parent not in children_left:  # a parent that is not stored: it never becomes a leaf
+            continue
         children_left[parent] -= 1
         if children_left[parent] == 0 and parent not in exclude:
             leaf = parent_leaf(parent)
             if leaf is not None and not leaf.row.pinned and (selection.namespace is None
                                                              or leaf.row.namespace == selection.namespace):
-                children_left.setdefault(leaf.row.parent_key, leaf.parent_num_children)
+                if leaf.parent_num_children is not None:
+                    children_left.setdefault(leaf.row.parent_key, leaf.parent_num_children)
                 heapq.heappush(heap, (leaf.row.last_access_at, leaf.row.key, leaf.row, False))

@@ -128,7 +128,7 @@ class Leaf:
     the parent becomes a leaf without asking again."""
 
     row: ChunkRow
-    parent_num_children: int
+    parent_num_children: int | None  # None: the parent is not stored (``lineage`` only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,12 +509,16 @@ class ChunkIndex:
 
     def lineage(self, keys: Sequence[bytes], depth: int) -> dict[bytes, Leaf]:
         """The rows of ``keys`` and of their ancestors up to ``depth`` pages above them, each as a
-        Leaf (as ``leaf`` gives it), by key, in one query: a planner that takes whole chains asks
-        once for many parents instead of once a parent. Keys not stored are absent. Changes nothing."""
+        Leaf (as ``leaf`` gives it, but with ``parent_num_children`` None when the parent is not
+        stored: it never becomes a leaf), by key, in one query: a planner that takes whole chains
+        asks once for many parents instead of once a parent. Keys not stored are absent. Changes
+        nothing."""
         if not keys:
             return {}
         # The ancestors first (a recursive walk up the parent links), then the rows once each, then
-        # how many stored chunks extend each row's parent, counted once per parent.
+        # how many stored chunks extend each stored parent, counted once per parent. A chain's
+        # first page extends a parent that is not stored, shared by every chain of its namespace:
+        # counting those children read the whole namespace's roots in every query.
         sql = text(
             """WITH RECURSIVE up(key, depth) AS (
                    SELECT key, 0 FROM chunks WHERE key IN :keys
@@ -524,9 +528,10 @@ class ChunkIndex:
                ),
                found AS (SELECT * FROM chunks WHERE key IN (SELECT key FROM up)),
                counts AS (SELECT parent_key AS counted, count(*) AS n FROM chunks
-                          WHERE parent_key IN (SELECT parent_key FROM found) GROUP BY parent_key)
+                          WHERE parent_key IN (SELECT f.parent_key FROM found f JOIN chunks p ON p.key = f.parent_key)
+                          GROUP BY parent_key)
                SELECT found.*, counts.n AS parent_num_children
-               FROM found JOIN counts ON counts.counted = found.parent_key"""
+               FROM found LEFT JOIN counts ON counts.counted = found.parent_key"""
         ).bindparams(bindparam("keys", expanding=True))
         out: dict[bytes, Leaf] = {}
         with self.engine.connect() as conn:
@@ -534,7 +539,8 @@ class ChunkIndex:
                 for r in conn.execute(sql, {"keys": list(batch), "depth": depth}).mappings():
                     fields = {k: v for k, v in r.items() if k != "parent_num_children"}
                     fields["pinned"] = bool(fields["pinned"])
-                    out[bytes(fields["key"])] = Leaf(ChunkRow(**fields), int(r["parent_num_children"]))
+                    n = r["parent_num_children"]
+                    out[bytes(fields["key"])] = Leaf(ChunkRow(**fields), None if n is None else int(n))
         return out
 
     @staticmethod
