@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from chunkstore import ChunkStore, ModelMismatchError, chain_pages
 from chunkstore.disk.index import ChunkIndex
@@ -158,6 +159,38 @@ def test_eviction_across_servers_deletes_rows_then_objects(open_server, identity
     assert kept[:sum(kept)] == [True] * sum(kept) and sum(kept) <= 2  # leaf first: the prefix stays
     assert len(_objects(moto_s3, bucket_url)) == b.num_chunks()  # no object outlives its row
     assert a.lapsed_claims(now=time.time() + 3600) == []  # the evictor released its claims
+
+
+def test_a_bounded_put_deletes_what_it_evicted_after_letting_go_of_the_evictor_lock(
+        open_server, identity, moto_s3, bucket_url, postgres_url):
+    """The fleet has one evictor lock; a put that held it through the bucket's deletes made every
+    other bounded put in the fleet wait for them."""
+    first = chain_pages(identity, list(range(identity.page_size * 6)))
+    second = chain_pages(identity, list(range(1000, 1000 + identity.page_size * 6)))
+    a = open_server("a")
+    assert a.put(first, kv_pages(identity, 6)).ok
+    per_page = a.stored_bytes() // 6
+    payloads = FaultyPayloads(ObjectPayloads(moto_s3.config(bucket_url)))
+    b = open_server("b", capacity_bytes=per_page * 8, payloads=payloads)
+    other = ChunkIndex(postgres_url)  # another server's connection to the index
+    lock_taken: list[bool] = []
+
+    def another_evictor_tries_the_lock(key) -> None:
+        try:
+            with other.evictor_lock(timeout_s=0.5):
+                lock_taken.append(True)
+        except OperationalError:
+            lock_taken.append(False)
+
+    payloads.hook("delete", another_evictor_tries_the_lock)
+    try:
+        assert b.put(second, kv_pages(identity, 6)).ok
+    finally:
+        payloads.clear()
+        other.close()
+    assert lock_taken and all(lock_taken)  # every delete ran with the lock free for another server
+    assert len(_objects(moto_s3, bucket_url)) == b.num_chunks() <= 8  # no object outlives its row
+    assert a.lapsed_claims(now=time.time() + 3600) == []  # and the claims went with the objects
 
 
 def test_the_sweeper_removes_what_dead_writers_left(open_server, chain, moto_s3, bucket_url):

@@ -9,12 +9,16 @@ objects, then release the claims, so no writer uploads a key while its object go
 that found an object missing or bad deletes only the row it saw (``delete_unchanged``); one
 evictor at a time fleet-wide (``evictor_lock``), and a bounded put holds it from its room check
 to its row commit; a plan is always made again under it (other servers change the order unseen).
+A put's eviction deletes the objects it evicted after it lets go of the lock (the rows went under
+it, and the keys stay claimed until their objects are gone): the fleet's one lock is not held
+through the bucket's deletes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -52,6 +56,10 @@ class SharedProtocol(StoreProtocol):
     is_shared = True
     write_step = "upload"
     replans_always = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._publishing = threading.local()  # .evicted: the keys a publish evicted, objects not yet deleted
 
     @property
     def writer_id(self) -> str:
@@ -136,6 +144,19 @@ class SharedProtocol(StoreProtocol):
             return True
         return any(quota is not None for quota in quotas.values())
 
+    def publish(self, todo: Todo, written, result: PutResult,
+                quotas: dict[str, int | None] | None = None) -> list[bytes]:
+        """As the store's, but the objects its eviction evicted are deleted once it has let go of
+        the evictor lock (and the writer lock): their rows went under the lock, and their keys stay
+        claimed by this writer until the objects are gone, so no writer uploads one meanwhile."""
+        self._publishing.evicted = evicted = []
+        try:
+            return super().publish(todo, written, result, quotas)
+        finally:
+            self._publishing.evicted = None
+            if evicted:
+                self.delete_claimed_objects(evicted)
+
     def publish_payloads(self, staged: list[Staged]) -> None:
         pass  # uploaded as they were encoded, under this writer's claims
 
@@ -160,9 +181,18 @@ class SharedProtocol(StoreProtocol):
         # Row first, then the object, with the keys claimed meanwhile so that no other writer
         # uploads one of them while its object is being deleted.
         self.index.delete_claiming(keys, self.writer_id, self.claim_ttl_s)
+        evicted = getattr(self._publishing, "evicted", None)
+        if evicted is not None:  # a put's eviction, under the evictor lock: after the lock (publish)
+            evicted.extend(keys)
+        else:
+            self.delete_claimed_objects(keys)
+
+    def delete_claimed_objects(self, keys: list[bytes]) -> None:
+        """Delete the objects of ``keys`` (rows gone, keys claimed by this writer), then release
+        the claims."""
         try:
             self.payloads.delete_many(keys)
-        except PayloadsUnavailable as exc:  # the claims lapse; the sweeper deletes the objects
+        except OSError as exc:  # (unavailable, or refused) the claims lapse; the sweeper deletes the objects
             self.writes.failed("object delete", exc, num_pages=0)
         else:
             self.release_claims(keys)
