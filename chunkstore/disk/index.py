@@ -111,6 +111,10 @@ class ChunkRow:
     pinned: bool = False
 
 
+# ChunkRow's fields in order: the columns of a query that builds rows from plain tuples.
+_ROW_COLUMNS = tuple(f.name for f in dataclasses.fields(ChunkRow))
+
+
 @dataclass(frozen=True, slots=True)
 class Victim:
     """A chunk to drop: what deleting it needs (its row goes first, then its file)."""
@@ -515,32 +519,31 @@ class ChunkIndex:
         nothing."""
         if not keys:
             return {}
-        # The ancestors first (a recursive walk up the parent links), then the rows once each, then
-        # how many stored chunks extend each stored parent, counted once per parent. A chain's
-        # first page extends a parent that is not stored, shared by every chain of its namespace:
-        # counting those children read the whole namespace's roots in every query.
+        # One walk up the parent links carries the rows themselves (one index probe a page), a
+        # page further than asked: a row's parent is stored when the walk found it. Then how many
+        # stored chunks extend each row found, counted once per row (a probe of the parent index).
+        # Counting children only of rows found matters: a chain's first page extends a parent that
+        # is not stored, shared by every chain of its namespace, whose count reads all their roots.
+        cols = ", ".join(_ROW_COLUMNS)
         sql = text(
-            """WITH RECURSIVE up(key, depth) AS (
-                   SELECT key, 0 FROM chunks WHERE key IN :keys
-                   UNION
-                   SELECT c.parent_key, up.depth + 1 FROM chunks c JOIN up ON c.key = up.key
-                   WHERE up.depth < :depth
-               ),
-               found AS (SELECT * FROM chunks WHERE key IN (SELECT key FROM up)),
-               counts AS (SELECT parent_key AS counted, count(*) AS n FROM chunks
-                          WHERE parent_key IN (SELECT f.parent_key FROM found f JOIN chunks p ON p.key = f.parent_key)
-                          GROUP BY parent_key)
-               SELECT found.*, counts.n AS parent_num_children
-               FROM found LEFT JOIN counts ON counts.counted = found.parent_key"""
+            f"""WITH RECURSIVE up({cols}, depth) AS (
+                    SELECT {cols}, 0 FROM chunks WHERE key IN :keys
+                    UNION
+                    SELECT {", ".join("p." + c for c in _ROW_COLUMNS)}, up.depth + 1
+                    FROM up JOIN chunks p ON p.key = up.parent_key WHERE up.depth <= :depth
+                ),
+                counts AS (SELECT parent_key AS counted, count(*) AS n FROM chunks
+                           WHERE parent_key IN (SELECT key FROM up) GROUP BY parent_key)
+                SELECT DISTINCT {", ".join("up." + c for c in _ROW_COLUMNS)}, counts.n
+                FROM up LEFT JOIN counts ON counts.counted = up.parent_key WHERE up.depth <= :depth"""
         ).bindparams(bindparam("keys", expanding=True))
         out: dict[bytes, Leaf] = {}
         with self.engine.connect() as conn:
+            self.dialect.without_jit(conn)
             for batch in batches(list(keys)):
-                for r in conn.execute(sql, {"keys": list(batch), "depth": depth}).mappings():
-                    fields = {k: v for k, v in r.items() if k != "parent_num_children"}
-                    fields["pinned"] = bool(fields["pinned"])
-                    n = r["parent_num_children"]
-                    out[bytes(fields["key"])] = Leaf(ChunkRow(**fields), None if n is None else int(n))
+                for *fields, pinned, n in conn.execute(sql, {"keys": list(batch), "depth": depth}):
+                    row = ChunkRow(*fields, pinned=bool(pinned))
+                    out[row.key] = Leaf(row, None if n is None else int(n))
         return out
 
     @staticmethod
