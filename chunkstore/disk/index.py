@@ -498,7 +498,7 @@ class ChunkIndex:
             stmt = stmt.where(or_(c.last_access_at > after[0], and_(c.last_access_at == after[0], c.key > after[1])))
         stmt = stmt.order_by(c.last_access_at, c.key).limit(limit)
         with self.engine.connect() as conn:
-            return [self._leaf(r) for r in conn.execute(stmt).mappings()]
+            return [self._leaf(r) for r in conn.execute(stmt).mappings().all()]
 
     def leaf(self, key: bytes) -> Leaf | None:
         """``key``'s row as a Leaf (whether or not it is one now: a planner asks once the plan has
@@ -541,7 +541,7 @@ class ChunkIndex:
         with self.engine.connect() as conn:
             self.dialect.without_jit(conn)
             for batch in batches(list(keys)):
-                for *fields, pinned, n in conn.execute(sql, {"keys": list(batch), "depth": depth}):
+                for *fields, pinned, n in conn.execute(sql, {"keys": list(batch), "depth": depth}).all():
                     row = ChunkRow(*fields, pinned=bool(pinned))
                     out[row.key] = Leaf(row, None if n is None else int(n))
         return out
