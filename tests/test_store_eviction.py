@@ -135,4 +135,4 @@ def test_a_plan_of_whole_chains_reads_their_rows_in_a_few_queries(tmp_path, requ
     order = {key: i for i, key in enumerate(plan.keys)}
     for pages in chains:  # descendants first, along every chain
         assert [order[p.key] for p in pages] == sorted((order[p.key] for p in pages), reverse=True)
-    assert len(statements) <= 4, statements  # a query per parent took 86
+    assert len(statements) <= 6, statements  # the leaves, then lineages of 1, 2, 4 and 8 keys; a query per parent took 86

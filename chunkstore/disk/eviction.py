@@ -16,11 +16,15 @@ from dataclasses import dataclass
 from chunkstore.disk.index import ChunkIndex, ChunkRow, Leaf
 
 _LEAF_BATCH = 256
-# A parent the plan turns into a leaf is read with the lineage of the leaves waiting in the heap
-# (up to _LINEAGE_BATCH keys, each with _LINEAGE_DEPTH pages above it), so a plan that takes whole
-# chains asks the database about once per batch of leaves, not once per chunk.
+# A parent the plan turns into a leaf is read with the lineage of the leaves waiting in the heap,
+# so a plan that takes whole chains asks the database about once per batch of leaves, not once per
+# chunk. The reads grow as the plan does: the first asks for the parent and _FIRST_LINEAGE_DEPTH
+# pages above it, each next one for twice the keys and depth, up to _LINEAGE_BATCH keys with
+# _LINEAGE_DEPTH pages above each. A put's plan takes a few chunks: reading the lineage of 256
+# leaves for it held the fleet's evictor lock ten times longer.
 _LINEAGE_BATCH = 256
 _LINEAGE_DEPTH = 64
+_FIRST_LINEAGE_DEPTH = 8
 
 
 class ChunkNotStoredError(LookupError):
@@ -132,13 +136,17 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
     freed = 0
     read_ahead: dict[bytes, Leaf | None] = {}  # rows read with a lineage, not yet asked for (None: not stored)
     lineage_read: set[bytes] = set()  # keys whose lineage has been read
+    lineage_reads = 0
 
     def parent_leaf(parent: bytes) -> Leaf | None:
+        nonlocal lineage_reads
         if parent not in read_ahead:
-            waiting = [item[1] for item in heap if item[1] not in lineage_read][:_LINEAGE_BATCH - 1]
+            scale = 1 << min(lineage_reads, 8)
+            waiting = [item[1] for item in heap if item[1] not in lineage_read][:min(scale, _LINEAGE_BATCH) - 1]
             keys = [parent, *waiting]
             lineage_read.update(keys)
-            found = index.lineage(keys, _LINEAGE_DEPTH)
+            found = index.lineage(keys, min(_FIRST_LINEAGE_DEPTH * scale, _LINEAGE_DEPTH))
+            lineage_reads += 1
             read_ahead.update(found)
             if parent not in found:
                 read_ahead[parent] = None
