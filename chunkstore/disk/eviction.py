@@ -150,6 +150,7 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
             read_ahead.update(found)
             if parent not in found:
                 read_ahead[parent] = None
+        lineage_read.add(parent)  # (read with a lineage already: not asked for again as a waiting leaf)
         return read_ahead.pop(parent)
 
     def done(is_complete: bool = True) -> EvictionPlan:
