@@ -48,7 +48,14 @@ CONTROLLER_KINDS = ("base", "hybrid")  # sglang_harness.CONTROLLER_KINDS
 CODECS = ("none", "zstd", "zstd_split")  # chunkstore.disk.codec.Codec
 PRIORITIES = ("normal", "low", "idle")  # chunkstore.priority.ThreadPriority
 BACKENDS = ("chunkstore", "hicache_file")
-LABELS = {"chunkstore": "chunkstore", "hicache_file": "HiCacheFile"}
+# SGLang's other built-in HiCache storage backends that a host may run (its storage_backend names):
+# each is tried with SGLang's own factory; one that starts runs the same phases, one that does not
+# is a row with its reason. The rest (eic, simm, mori, npu_memcache, seaweedfs, tensorcast) need
+# services or hardware that nothing here starts; shm and sim store no KV.
+OTHER_SYSTEMS = ("mooncake", "nixl", "aibrix", "hf3fs")
+SYSTEMS = ("chunkstore", "file", *OTHER_SYSTEMS)  # --systems names ("file": HiCacheFile)
+LABELS = {"chunkstore": "chunkstore", "hicache_file": "HiCacheFile", "mooncake": "Mooncake store",
+          "nixl": "NIXL", "aibrix": "AIBrix KVCache", "hf3fs": "3FS"}
 FILE_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"  # where HiCacheFile keeps its pages
 POISON = 0xA5  # host slots hold this before a get, so a get that loads nothing cannot pass
 ENV_HINT = ("run it with the interpreter of the environment that scripts/sglang_env.sh builds, "
@@ -77,6 +84,11 @@ class SGLangBenchConfig:
     work_dir: Path | None = None  # parent of the temporary folder
     timeout_s: float = 600.0  # longest wait for one request's write or prefetch, or the flush
     show_progress: bool = True
+    systems: tuple[str, ...] = SYSTEMS  # chunkstore and file always; the others are tried
+
+    @property
+    def other_systems(self) -> list[str]:
+        return [name for name in self.systems if name in OTHER_SYSTEMS]
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_heads", "head_dim", "page_size", "num_pages", "request_pages"):
@@ -92,6 +104,15 @@ class SGLangBenchConfig:
             raise ValueError(f"unknown codec {self.codec!r}; valid codecs: {', '.join(CODECS)}")
         if self.background_priority is not None and self.background_priority not in PRIORITIES:
             raise ValueError(f"unknown priority {self.background_priority!r}; valid: {', '.join(PRIORITIES)}")
+        self.systems = tuple(self.systems)
+        for name in self.systems:
+            if name not in SYSTEMS:
+                raise ValueError(f"unknown system {name!r}; valid: {', '.join(SYSTEMS)}")
+        if len(set(self.systems)) != len(self.systems):
+            raise ValueError(f"--systems names a system twice: {','.join(self.systems)}")
+        if not {"chunkstore", "file"} <= set(self.systems):
+            raise ValueError("--systems must include chunkstore and file: the figures are chunkstore's against "
+                             "HiCacheFile's")
         if self.work_dir is not None:
             self.work_dir = Path(self.work_dir)
             if not self.work_dir.is_dir():
@@ -161,7 +182,8 @@ class _Run:
         from chunkstore.testing import sglang_harness as H
 
         self.cfg, self.work, self.H, self.torch = cfg, work, H, torch
-        self.dirs = {"chunkstore": work / "chunkstore", "hicache_file": work / "hicache-file"}
+        self.dirs = {"chunkstore": work / "chunkstore", "hicache_file": work / "hicache-file",
+                     **{name: work / name for name in OTHER_SYSTEMS}}
         identity = ModelIdentity(model_id="chunkstore-bench-sglang", kv_dtype="bfloat16", num_layers=cfg.num_layers,
                                  num_kv_heads=cfg.num_heads, head_dim=cfg.head_dim, page_size=cfg.page_size)
         with _progress(cfg, cfg.num_pages, "generate KV") as bar:
@@ -186,6 +208,8 @@ class _Run:
             if cfg.background_priority is not None:
                 extra["background_priority"] = cfg.background_priority
             return H.make_controller(self.work, backend_extra_config=extra, storage_backend="dynamic", **common)
+        if backend in OTHER_SYSTEMS:  # configured the way SGLang configures it (its environment variables)
+            return H.make_controller(self.work, backend_extra_config={}, storage_backend=backend, **common)
         before = os.environ.get(FILE_DIR_ENV)
         os.environ[FILE_DIR_ENV] = str(self.dirs[backend])  # read when HiCacheFile is constructed
         try:
@@ -195,6 +219,17 @@ class _Run:
                 os.environ.pop(FILE_DIR_ENV, None)
             else:
                 os.environ[FILE_DIR_ENV] = before
+
+    def start_failure(self, backend: str) -> tuple[str, str] | None:
+        """None when SGLang starts ``backend`` on this host (its controller is built and closed),
+        else (status, reason): "missing" when its package is not installed, "failed" otherwise."""
+        try:
+            self.harness(backend).close()
+        except ImportError as exc:
+            return "missing", _first_line(exc)
+        except Exception as exc:  # noqa: BLE001 (whatever a third party's start raises is the row's reason)
+            return "failed", _first_line(exc)
+        return None
 
     # -- set ----------------------------------------------------------------------------------
 
@@ -276,6 +311,16 @@ class _Run:
         return {f"get_{kind}_s": timed.wall_s, f"get_{kind}_cpu_s": timed.cpu_s, f"{kind}_method": method}
 
 
+def _key(system: str) -> str:
+    """A --systems name's key in the result ("file" is HiCacheFile's)."""
+    return "hicache_file" if system == "file" else system
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 def _rates(cfg: SGLangBenchConfig, raw: dict, allocated: int, apparent: int, files: int) -> dict:
     n, logical = cfg.num_pages, cfg.logical_bytes
     out = {
@@ -313,26 +358,50 @@ def run_sglang_bench(cfg: SGLangBenchConfig) -> dict:
     raw: dict[str, dict] = {b: {} for b in BACKENDS}
     usage: dict[str, tuple[int, int, int]] = {}
     methods: set[str] = set()
+    status: dict[str, tuple[str, str | None]] = {b: ("ran", None) for b in BACKENDS}
     try:
         run = _Run(cfg, work)
         order = list(BACKENDS)
+        for name in cfg.other_systems:  # tried first: one that SGLang starts here joins the phases
+            failure = run.start_failure(name)
+            status[name] = ("ran", None) if failure is None else failure
+            if failure is None:
+                order.append(name)
+                raw[name] = {}
+
+        def step(b: str, phase: Callable[[], dict]) -> dict | None:
+            """``phase``'s figures; a third system that loses or garbles a page is a failed row,
+            chunkstore or HiCacheFile doing so fails the run."""
+            if status[b][0] != "ran":
+                return None
+            try:
+                return phase()
+            except BenchFailure as exc:
+                if b in BACKENDS:
+                    raise
+                status[b] = ("failed", str(exc))
+                return None
+
         for b in order:  # phase 1: chunkstore first
-            raw[b].update(run.set_phase(b))
-            usage[b] = disk_usage(run.dirs[b])
-        for b in reversed(order):  # phase 2: HiCacheFile first
-            got = run.get_phase(b, cold=True)
-            methods.add(got.pop("cold_method"))
-            raw[b].update(got)
+            if (got := step(b, lambda: run.set_phase(b))) is not None:
+                raw[b].update(got)
+                usage[b] = disk_usage(run.dirs[b])
+        for b in reversed(order):  # phase 2: the others first, then HiCacheFile, chunkstore last
+            if (got := step(b, lambda: run.get_phase(b, cold=True))) is not None:
+                methods.add(got.pop("cold_method"))
+                raw[b].update(got)
         for b in order:  # phase 3: chunkstore first
-            got = run.get_phase(b, cold=False)
-            got.pop("warm_method")
-            raw[b].update(got)
+            if (got := step(b, lambda: run.get_phase(b, cold=False))) is not None:
+                got.pop("warm_method")
+                raw[b].update(got)
         priority = run.background_priority
         del run
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    backends = {b: _rates(cfg, raw[b], *usage[b]) for b in BACKENDS}
+    backends = {b: _rates(cfg, raw[b], *usage[b]) for b in order if status[b][0] == "ran"}
+    systems = [{"name": name, "label": LABELS[_key(name)], "status": status[_key(name)][0],
+                "reason": status[_key(name)][1]} for name in cfg.systems]
     cs, fb = backends["chunkstore"], backends["hicache_file"]
     result = {
         "num_pages": cfg.num_pages,
@@ -356,6 +425,7 @@ def run_sglang_bench(cfg: SGLangBenchConfig) -> dict:
         "load_average_1m": load_average,
         "order": {"set": list(order), "get_cold": list(reversed(order)), "get_warm": list(order)},
         "backends": backends,
+        "systems": systems,
         "set_vs_file": cs["set_gbps"] / fb["set_gbps"],
         "set_published_vs_file": cs["set_published_gbps"] / fb["set_published_gbps"],
         "get_cold_vs_file": cs["get_cold_gbps"] / fb["get_cold_gbps"],
@@ -412,6 +482,17 @@ def format_table(r: dict) -> str:
             f"{r['kv_source']} KV, cold reads: {r['cold_method']}, load average {r['load_average_1m']:.1f}")
     lines = [head, "", "figures: chunkstore / HiCacheFile", "",
              *table_lines(rows, value_width=15, target_width=7)]
+    others = [s for s in r.get("systems", []) if s["name"] not in ("chunkstore", "file")]
+    if others:
+        lines += ["", "SGLang's other storage backends on this host:"]
+        for s in others:
+            if s["status"] == "ran":
+                b = r["backends"][s["name"]]
+                lines.append(f"  {s['name']} ({s['label']}): set {b['set_gbps']:.2f} GB/s, get cold "
+                             f"{b['get_cold_gbps']:.2f} / warm {b['get_warm_gbps']:.2f} GB/s, "
+                             f"{b['disk_bytes'] / MIB:.1f} MiB on disk")
+            else:
+                lines.append(f"  {s['name']} ({s['label']}): {s['status']}: {s['reason']}")
     if r["cold_method"] == "none":
         lines.append("warning: could not drop the page cache; cold figures may be warm reads")
     lines += ["", verdict_line(r, "figures swing +-25% on a shared disk"), f"total {r['total_s']:.0f} s"]
@@ -448,6 +529,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="make the temporary folder in DIR, on the disk to measure (default: the system's)")
     parser.add_argument("--timeout-s", type=float, default=d.timeout_s,
                         help=f"longest wait for one request's write or prefetch (default {d.timeout_s:g})")
+    parser.add_argument("--systems", default=",".join(d.systems), metavar="NAMES",
+                        help="comma-separated: chunkstore and file (HiCacheFile), always, and any of "
+                             f"SGLang's {', '.join(OTHER_SYSTEMS)}, each tried with SGLang's own factory and "
+                             "configured as SGLang configures it (its environment variables): one that starts "
+                             "runs the same phases, one that does not is a row with its reason "
+                             f"(default {','.join(d.systems)})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
 
@@ -459,6 +546,7 @@ def config_from_args(args: argparse.Namespace) -> SGLangBenchConfig:
         num_pages=args.num_pages, request_pages=args.request_pages, layout=args.layout,
         controller_kind=args.controller, codec=args.codec, background_priority=args.background_priority,
         seed=args.seed, work_dir=args.work_dir, timeout_s=args.timeout_s, show_progress=not args.no_progress,
+        systems=tuple(name.strip() for name in args.systems.split(",") if name.strip()),
     )
 
 

@@ -21,6 +21,7 @@ pytest.importorskip("sglang")
 torch = pytest.importorskip("torch")
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheFile
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 from chunkstore.bench import sglang as bench
 
@@ -47,7 +48,8 @@ def test_a_small_run_reports_both_backends_and_every_target(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     printed = json.loads(capsys.readouterr().out)  # stdout is exactly the JSON document
     assert printed == json.loads(out.read_text())
-    assert set(printed["backends"]) == {"chunkstore", "hicache_file"}
+    ran = {s["name"] for s in printed["systems"] if s["status"] == "ran"} - {"chunkstore", "file"}
+    assert set(printed["backends"]) == {"chunkstore", "hicache_file", *ran}
     for name, figures in printed["backends"].items():
         for key in FIGURES:
             assert figures[key] > 0, (name, key)
@@ -109,3 +111,53 @@ def test_without_sglang_the_command_exits_2_and_names_the_sglang_environment(mon
 def test_invalid_options_exit_2(capsys):
     assert bench.run(_args("--num-pages", "0")) == 2
     assert "num_pages must be > 0" in capsys.readouterr().err
+
+
+# What SGLang registers under the names the test below borrows (backend_factory.py).
+SGLANG_REGISTERED = {"mooncake": ("sglang.srt.mem_cache.storage.mooncake_store.mooncake_store", "MooncakeStore"),
+                     "aibrix": ("sglang.srt.mem_cache.storage.aibrix_kvcache.aibrix_kvcache_storage",
+                                "AibrixKVCacheStorage")}
+
+
+def test_other_systems_are_tried_each_a_row_and_one_that_starts_runs_the_same_phases(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """Here none of SGLang's other backends starts (their packages, a GPU driver or a service are
+    missing), so HiCacheFile takes two of their names. Under aibrix's, which SGLang's controller
+    drives as it drives HiCacheFile, it runs every phase. Under mooncake's, which the controller
+    drives through the zero-copy calls HiCacheFile does not have, it stores nothing: a failed row,
+    and the run goes on."""
+    monkeypatch.setenv(bench.FILE_DIR_ENV, str(tmp_path / "stand-ins"))  # where the stand-ins keep pages
+    for name in SGLANG_REGISTERED:
+        StorageBackendFactory.register_backend(name, "tests.integrations.sglang_stand_ins", "FileUnderAnotherName")
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        code = bench.run(_args(*TINY, "--work-dir", str(work), "--json", "--systems",
+                               "chunkstore,file,aibrix,mooncake,nixl"))
+    finally:
+        for name, (module, cls) in SGLANG_REGISTERED.items():
+            StorageBackendFactory.register_backend(name, module, cls)
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    printed = json.loads(out.out)
+    rows = {s["name"]: s for s in printed["systems"]}
+    assert list(rows) == ["chunkstore", "file", "aibrix", "mooncake", "nixl"]
+    assert all(rows[n]["status"] == "ran" and rows[n]["reason"] is None for n in ("chunkstore", "file", "aibrix"))
+    assert rows["mooncake"]["status"] == "failed" and "wrote 0 of" in rows["mooncake"]["reason"]
+    assert rows["nixl"]["status"] in ("missing", "failed") and rows["nixl"]["reason"]  # NIXL is not installed here
+    assert set(printed["backends"]) == {"chunkstore", "hicache_file", "aibrix"}
+    for key in ("set_gbps", "get_cold_gbps", "get_warm_gbps"):
+        assert printed["backends"]["aibrix"][key] > 0, key
+    assert printed["order"]["set"] == ["chunkstore", "hicache_file", "aibrix", "mooncake"]
+    table = bench.format_table(printed)
+    assert "aibrix (AIBrix KVCache): set " in table and "mooncake (Mooncake store): failed: " in table
+
+
+@pytest.mark.parametrize("systems, message", [
+    ("chunkstore,file,nosuch", "unknown system 'nosuch'"),
+    ("chunkstore,file,nixl,nixl", "names a system twice"),
+    ("chunkstore,nixl", "must include chunkstore and file"),
+])
+def test_bad_systems_exit_2_and_say_why(systems, message, capsys):
+    assert bench.run(_args("--systems", systems)) == 2
+    assert message in capsys.readouterr().err
