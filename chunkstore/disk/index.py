@@ -494,8 +494,9 @@ class ChunkIndex:
             c.pinned.is_(False), ~select(child.c.key).where(child.c.parent_key == c.key).exists())
         if namespace is not None:
             stmt = stmt.where(c.namespace == namespace)
-        if after is not None:
-            stmt = stmt.where(or_(c.last_access_at > after[0], and_(c.last_access_at == after[0], c.key > after[1])))
+        if after is not None:  # (the first condition lets the index start at ``after``; the OR alone scanned from the oldest)
+            stmt = stmt.where(c.last_access_at >= after[0],
+                              or_(c.last_access_at > after[0], and_(c.last_access_at == after[0], c.key > after[1])))
         stmt = stmt.order_by(c.last_access_at, c.key).limit(limit)
         with self.engine.connect() as conn:
             return [self._leaf(r) for r in conn.execute(stmt).mappings().all()]
