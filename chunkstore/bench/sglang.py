@@ -370,16 +370,16 @@ def run_sglang_bench(cfg: SGLangBenchConfig) -> dict:
                 raw[name] = {}
 
         def step(b: str, phase: Callable[[], dict]) -> dict | None:
-            """``phase``'s figures; a third system that loses or garbles a page is a failed row,
-            chunkstore or HiCacheFile doing so fails the run."""
+            """``phase``'s figures; a third system that loses or garbles a page, or raises, is a
+            failed row, chunkstore or HiCacheFile doing so fails the run."""
             if status[b][0] != "ran":
                 return None
             try:
                 return phase()
-            except BenchFailure as exc:
+            except Exception as exc:  # noqa: BLE001 (a third party's error is its row's reason)
                 if b in BACKENDS:
                     raise
-                status[b] = ("failed", str(exc))
+                status[b] = ("failed", str(exc) if isinstance(exc, BenchFailure) else _first_line(exc))
                 return None
 
         for b in order:  # phase 1: chunkstore first
