@@ -107,18 +107,10 @@ def services(cfg: FleetConfig, work: Path) -> Iterator[Services]:
         s3_server, s3_name = MotoS3Server(log_path=work / "moto.log"), "moto's S3 server"
     with PostgresServer(work / "postgres") as pg, s3_server as s3:
         s3.create_bucket("fleet")
-        saved = {k: os.environ.get(k) for k in s3.aws_env()}
-        os.environ.update(s3.aws_env())
-        try:
+        with s3.in_environment():
             sealed = (pg.create_database("fleet_sealed"), "s3://fleet/bench-sealed") if cfg.seal_key else (None, None)
             yield Services(pg.create_database("fleet"), "s3://fleet/bench",
                            f"a throwaway PostgreSQL server and {s3_name} on 127.0.0.1", *sealed)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def _display(url: str) -> str:

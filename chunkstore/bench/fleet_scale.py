@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -104,16 +103,8 @@ def services(work: Path, pg_settings: dict[str, str] | None = None) -> Iterator[
     with PostgresServer(work / "postgres", track_statements=True, settings=pg_settings) as pg, s3_server as s3:
         pg.enable_statement_stats()
         s3.create_bucket(BUCKET)
-        saved = {k: os.environ.get(k) for k in s3.aws_env()}
-        os.environ.update(s3.aws_env())
-        try:
+        with s3.in_environment():
             yield Services(pg, s3, f"PostgreSQL {pg.bin_dir.parent.name} and {s3_name} on 127.0.0.1")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 # ---- one N ------------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 
 from chunkstore.testing.postgres import HOST, free_port
 from chunkstore.testing.s3 import S3Endpoint
+from chunkstore.testing.throwaway import Throwaway, end_process
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
@@ -36,7 +36,7 @@ class MotoS3Error(RuntimeError):
     """The stand-in could not be started."""
 
 
-class MotoS3Server(S3Endpoint):
+class MotoS3Server(Throwaway, S3Endpoint):
     """moto's S3 on 127.0.0.1:``port`` (a free one by default), output in ``log_path`` if given."""
 
     def __init__(self, *, port: int | None = None, log_path: Path | None = None,
@@ -72,14 +72,8 @@ class MotoS3Server(S3Endpoint):
         raise MotoS3Error(f"moto's server did not answer on {self.endpoint_url} within {self.start_timeout_s} s")
 
     def stop(self) -> None:
-        if self._process is None or self._process.poll() is not None:
-            return
-        self._process.send_signal(signal.SIGTERM)
-        try:
-            self._process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
+        if self._process is not None:
+            end_process(self._process, signal.SIGTERM, STOP_TIMEOUT_S)
 
     def client(self):
         """A boto3 S3 client for set-up and inspection (buckets, raw objects)."""
@@ -88,10 +82,3 @@ class MotoS3Server(S3Endpoint):
         return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
                             aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key)
 
-    def __enter__(self) -> "MotoS3Server":
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()

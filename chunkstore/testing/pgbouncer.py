@@ -23,10 +23,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from chunkstore.choices import Choice
 from chunkstore.testing.postgres import HOST, PostgresServer, free_port, log_tail, server_account
+from chunkstore.testing.throwaway import Throwaway, end_process
 
 INSTALL_HINT = "install PgBouncer with `apt-get install pgbouncer` (Debian, Ubuntu)"
 SEARCH_PATH = ("/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin")
@@ -54,7 +54,7 @@ class PgBouncerNotInstalled(PgBouncerError):
     """The `pgbouncer` binary is not on this machine."""
 
 
-class PgBouncer:
+class PgBouncer(Throwaway):
     """PgBouncer on 127.0.0.1:`port` (a free one by default) in front of `postgres`, a started
     PostgresServer. `start` and `stop` are not thread-safe; call them from one thread (a fixture)."""
 
@@ -101,13 +101,6 @@ class PgBouncer:
     def log_path(self) -> Path | None:
         return self.folder / "pgbouncer.log" if self.folder is not None else None
 
-    def __enter__(self) -> PgBouncer:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Write the config and auth file, start PgBouncer and return once a query through it is
@@ -129,13 +122,8 @@ class PgBouncer:
         """Stop PgBouncer by its PID (SIGTERM, then SIGKILL after `stop_timeout_s`) and remove its
         folder (the log's tail stays in `last_log`). Idempotent."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=self.stop_timeout_s)
+        if process is not None:
+            end_process(process, signal.SIGTERM, self.stop_timeout_s)
         if self.folder is not None:
             self._last_log = log_tail(self.log_path)
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -24,7 +24,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
+
+from chunkstore.testing.throwaway import Throwaway, end_process
 
 HOST = "127.0.0.1"
 INSTALL_ROOT = Path("/usr/lib/postgresql")
@@ -47,7 +48,7 @@ class PostgresNotInstalled(PostgresServerError):
     """PostgreSQL's server binaries (initdb, postgres) are not on this machine."""
 
 
-class PostgresServer:
+class PostgresServer(Throwaway):
     """One PostgreSQL cluster in `folder`, served on 127.0.0.1:`port` while started.
 
     `port=None` picks a free port (bound on 127.0.0.1:0 and released just before the server binds
@@ -107,13 +108,6 @@ class PostgresServer:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Make the cluster (initdb) and start the server; return once it accepts connections.
@@ -140,13 +134,8 @@ class PostgresServer:
         Idempotent. The cluster and the logs stay in the folder for a post-mortem.
         """
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=self.stop_timeout_s)
+        if process is not None:
+            end_process(process, signal.SIGINT, self.stop_timeout_s)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None

@@ -41,10 +41,10 @@ import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from types import TracebackType
 
 from chunkstore.testing.postgres import HOST, free_port, log_tail
 from chunkstore.testing.s3 import S3Endpoint
+from chunkstore.testing.throwaway import Throwaway, end_process
 
 DEFAULT_BIN_DIR = Path("/usr/bin")
 BINARIES = ("ceph-authtool", "monmaptool", "ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph")
@@ -82,7 +82,7 @@ class RadosGatewayNotInstalled(RadosGatewayError):
     """Ceph's binaries (ceph-mon, ceph-osd, radosgw, radosgw-admin, ceph-authtool, ...) are missing."""
 
 
-class RadosGateway(S3Endpoint):
+class RadosGateway(Throwaway, S3Endpoint):
     """One Ceph cluster (mon, memstore OSD, radosgw) in `folder`, its S3 API on 127.0.0.1:`port`.
 
     `port=None` picks a free port (bound on 127.0.0.1:0 and released just before the gateway binds
@@ -156,13 +156,6 @@ class RadosGateway(S3Endpoint):
         process = self._processes.get("rgw")
         return process.pid if process is not None else None
 
-    def __enter__(self) -> RadosGateway:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Make a new cluster in `folder`, start its daemons and the S3 user; return once the user
@@ -382,13 +375,7 @@ class RadosGateway(S3Endpoint):
         process = self._processes.pop(name, None)
         if process is None:
             return
-        if process.poll() is None:
-            process.send_signal(first_signal)
-            try:
-                process.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=self.stop_timeout_s)
+        end_process(process, first_signal, self.stop_timeout_s)
 
     def _alive(self, name: str) -> bool:
         process = self._processes.get(name)

@@ -4,6 +4,9 @@ process or a store reaches one. A server sets ``endpoint_url``, ``region``, ``ac
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,6 +29,21 @@ class S3Endpoint:
         """The AWS variables a `chunkstore serve` process reaches this server with."""
         return {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": self.region,
                 "AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key}
+
+    @contextmanager
+    def in_environment(self) -> Iterator[None]:
+        """This process's AWS variables name this server for the block (what a store opened from
+        the environment reaches), and are as they were after it."""
+        saved = {k: os.environ.get(k) for k in self.aws_env()}
+        os.environ.update(self.aws_env())
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def config(self, url: str, **overrides) -> ObjectStoreConfig:
         """An ObjectStoreConfig for ``url`` (s3://bucket/prefix) on this server."""
