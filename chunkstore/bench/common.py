@@ -84,11 +84,13 @@ def files_under(root: Path) -> list[Path]:
 
 
 def run_bench(args, prog: str, configure, measure, format_table, *, failures: tuple[type[BaseException], ...],
-              failed: str) -> int:
+              failed: str, finish=None) -> int:
     """What every benchmark command does around its measurement: ``configure()`` builds the
     config (ValueError: exit 2, ``prog: error: ...``), ``--output`` is checked before any work,
     ``measure(cfg)`` runs it (one of ``failures``: exit 1, ``prog: <failed>: ...``), then the table
-    or the JSON is printed and written; exit 1 for a missed target under ``--strict``, else 0."""
+    or the JSON is printed and written, and ``finish(result)`` (when given) does what the command
+    does after it, its non-zero exit code the command's; exit 1 for a missed target under
+    ``--strict``, else 0."""
     from chunkstore.output import check_output_path, emit_result
 
     try:
@@ -103,4 +105,6 @@ def run_bench(args, prog: str, configure, measure, format_table, *, failures: tu
         print(f"{prog}: {failed}: {exc}", file=sys.stderr)
         return 1
     emit_result(args, result, format_table(result))
+    if finish is not None and (code := finish(result)):
+        return code
     return 1 if args.strict and not result["all_pass"] else 0

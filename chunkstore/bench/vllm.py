@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from chunkstore.bench.common import files_under, make_cold, record_targets
+from chunkstore.bench.common import files_under, make_cold, record_targets, run_bench
 from chunkstore.bench.vllm_outputs import DIFFER, compare_outputs
 from chunkstore.bench.vllm_report import (
     FAILED,
@@ -47,7 +47,7 @@ from chunkstore.bench.vllm_report import (
 from chunkstore.bench.vllm_runner import Phase, RunFailed, run_child
 from chunkstore.bench.vllm_systems import Budget, System, SystemSetup, setup_for
 from chunkstore.bench.workload import Workload
-from chunkstore.output import add_output_arguments, check_output_path, emit_result
+from chunkstore.output import add_output_arguments
 
 PROG = "chunkstore bench vllm"
 PRIORITIES = ("normal", "low", "idle")  # chunkstore.priority.ThreadPriority
@@ -490,8 +490,7 @@ def _configure(args: argparse.Namespace) -> VLLMBenchConfig:
     """The config, checked against this interpreter's vLLM; ValueError for a bad option or no vLLM."""
     from chunkstore.bench.vllm_plot import check_matplotlib
 
-    cfg = config_from_args(args)
-    check_output_path(args)
+    cfg = config_from_args(args)  # (--output is checked by run_bench)
     if args.plot is not None:
         if not args.plot.parent.is_dir():
             raise ValueError(f"--plot {args.plot}: folder {args.plot.parent} does not exist")
@@ -512,21 +511,14 @@ def run(args: argparse.Namespace) -> int:
     (after the table), or a target was missed under --strict; 2 bad options or no vLLM."""
     from chunkstore.bench.vllm_plot import write_plot
 
-    try:
-        cfg = _configure(args)
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = run_vllm_bench(cfg)
-    except BenchFailure as exc:
-        print(f"{PROG}: the benchmark failed: {exc}", file=sys.stderr)
-        return 1
-    emit_result(args, result, format_table(result))
-    if args.plot is not None:
-        write_plot(result, args.plot)
-    if not result["outputs_identical"]:
-        print(f"{PROG}: a system's greedy outputs differ from vLLM alone's beyond near ties (see 'outputs')",
-              file=sys.stderr)
-        return 1
-    return 1 if args.strict and not result["all_pass"] else 0
+    def finish(result: dict) -> int:
+        if args.plot is not None:
+            write_plot(result, args.plot)
+        if not result["outputs_identical"]:
+            print(f"{PROG}: a system's greedy outputs differ from vLLM alone's beyond near ties (see 'outputs')",
+                  file=sys.stderr)
+            return 1
+        return 0
+
+    return run_bench(args, PROG, lambda: _configure(args), run_vllm_bench, format_table, failures=(BenchFailure,),
+                     failed="the benchmark failed", finish=finish)
