@@ -21,6 +21,7 @@ from chunkstore import ChunkStore, ModelMismatchError, chain_pages
 from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
+from chunkstore.disk.payloads import PayloadsUnavailable
 from chunkstore.disk.results import BucketListing, listing_of, listing_text
 from chunkstore.disk.shared_protocol import COMMIT_TAIL_PAGES
 from tests.helpers.faults import FaultyPayloads, IndexFaults, faulty_index
@@ -191,6 +192,37 @@ def test_a_bounded_put_deletes_what_it_evicted_after_letting_go_of_the_evictor_l
     assert lock_taken and all(lock_taken)  # every delete ran with the lock free for another server
     assert len(_objects(moto_s3, bucket_url)) == b.num_chunks() <= 8  # no object outlives its row
     assert a.lapsed_claims(now=time.time() + 3600) == []  # and the claims went with the objects
+
+
+def test_a_bucket_that_refuses_the_deletes_after_a_bounded_put_leaves_orphans_the_sweeper_takes(
+        open_server, identity, moto_s3, bucket_url):
+    """The objects a put evicted go after its rows are committed: when the bucket refuses those
+    deletes, the put still stands, no row points at a deleted object, and the evicted objects stay
+    claimed until the claims lapse, then the sweeper deletes them."""
+    first = chain_pages(identity, list(range(identity.page_size * 6)))
+    second = chain_pages(identity, list(range(1000, 1000 + identity.page_size * 6)))
+    a = open_server("a")
+    assert a.put(first, kv_pages(identity, 6)).ok
+    per_page = a.stored_bytes() // 6
+    payloads = FaultyPayloads(ObjectPayloads(moto_s3.config(bucket_url)))
+    b = open_server("b", capacity_bytes=per_page * 8, payloads=payloads, claim_ttl_s=0.5)
+
+    def refuse(key) -> None:
+        raise PayloadsUnavailable("the bucket refuses deletes")
+
+    payloads.hook("delete", refuse)
+    try:
+        assert b.put(second, kv_pages(identity, 6)).ok
+    finally:
+        payloads.clear()
+    assert b.longest_prefix([p.key for p in second]) == 6
+    evicted = 12 - b.num_chunks()
+    assert evicted > 0 and len(_objects(moto_s3, bucket_url)) == 12  # rows gone, objects still there
+    assert all(same_bytes(g, t) for g, t in zip(b.get(second), kv_pages(identity, 6)))
+    time.sleep(0.6)
+    swept = a.sweep(grace_s=3600)
+    assert (swept.lapsed_claims, swept.objects_deleted) == (evicted, evicted)
+    assert len(_objects(moto_s3, bucket_url)) == b.num_chunks()
 
 
 def test_the_sweeper_removes_what_dead_writers_left(open_server, chain, moto_s3, bucket_url):
