@@ -133,6 +133,10 @@ def test_the_charts_are_full_from_the_history_alone_with_the_sampler_running(das
             history = client.get("/api/v1/stats/history").json()
         assert history["is_recording"] and len(history["samples"]) >= 3
         d = dashboard(url=url).open("overview", token=None)
+        # The history loads beside the live stream, whose first sample may draw the charts first:
+        # wait for the history itself, then for the points.
+        d.page.wait_for_function("""() => (document.querySelector('#history-note')?.textContent || '')
+            .includes('a sample every 0.3 s')""", timeout=30_000)
         wait_for_points(d.page, "chart-hit-rate", "chart-ttft")  # no traffic now: the points are the history's
         assert "a sample every 0.3 s" in d.page.inner_text("#view-overview")
         assert not d.errors, d.errors
