@@ -162,17 +162,23 @@ def test_eviction_across_servers_deletes_rows_then_objects(open_server, identity
     assert a.lapsed_claims(now=time.time() + 3600) == []  # the evictor released its claims
 
 
-def test_a_bounded_put_deletes_what_it_evicted_after_letting_go_of_the_evictor_lock(
-        open_server, identity, moto_s3, bucket_url, postgres_url):
-    """The fleet has one evictor lock; a put that held it through the bucket's deletes made every
-    other bounded put in the fleet wait for them."""
+def _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url, **kwargs):
+    """Server a's six pages on the tier; server b, bounded to eight pages of the whole tier, with
+    payloads whose deletes a test can hook; and the six pages b is to put (two of a's must go)."""
     first = chain_pages(identity, list(range(identity.page_size * 6)))
     second = chain_pages(identity, list(range(1000, 1000 + identity.page_size * 6)))
     a = open_server("a")
     assert a.put(first, kv_pages(identity, 6)).ok
-    per_page = a.stored_bytes() // 6
     payloads = FaultyPayloads(ObjectPayloads(moto_s3.config(bucket_url)))
-    b = open_server("b", capacity_bytes=per_page * 8, payloads=payloads)
+    b = open_server("b", capacity_bytes=a.stored_bytes() // 6 * 8, payloads=payloads, **kwargs)
+    return a, b, payloads, second
+
+
+def test_a_bounded_put_deletes_what_it_evicted_after_letting_go_of_the_evictor_lock(
+        open_server, identity, moto_s3, bucket_url, postgres_url):
+    """The fleet has one evictor lock; a put that held it through the bucket's deletes made every
+    other bounded put in the fleet wait for them."""
+    a, b, payloads, second = _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url)
     other = ChunkIndex(postgres_url)  # another server's connection to the index
     lock_taken: list[bool] = []
 
@@ -199,13 +205,8 @@ def test_a_bucket_that_refuses_the_deletes_after_a_bounded_put_leaves_orphans_th
     """The objects a put evicted go after its rows are committed: when the bucket refuses those
     deletes, the put still stands, no row points at a deleted object, and the evicted objects stay
     claimed until the claims lapse, then the sweeper deletes them."""
-    first = chain_pages(identity, list(range(identity.page_size * 6)))
-    second = chain_pages(identity, list(range(1000, 1000 + identity.page_size * 6)))
-    a = open_server("a")
-    assert a.put(first, kv_pages(identity, 6)).ok
-    per_page = a.stored_bytes() // 6
-    payloads = FaultyPayloads(ObjectPayloads(moto_s3.config(bucket_url)))
-    b = open_server("b", capacity_bytes=per_page * 8, payloads=payloads, claim_ttl_s=0.5)
+    a, b, payloads, second = _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url,
+                                                               claim_ttl_s=0.5)
 
     def refuse(key) -> None:
         raise PayloadsUnavailable("the bucket refuses deletes")
