@@ -87,7 +87,7 @@ def test_empty_key_set_matches_nothing(indexed):
     assert index.list_chunks(nothing) == [] and index.count_chunks(nothing) == 0
 
 
-def test_children_subtree_and_leaves(indexed):
+def test_children_and_subtree(indexed):
     index, rows = indexed
     by_key = {r.key: r for r in rows}
     children: dict[bytes, list[bytes]] = {}
@@ -113,50 +113,35 @@ def test_children_subtree_and_leaves(indexed):
     depths = [d for _, d in sub]
     assert depths == sorted(depths, reverse=True) and all(d == depth_of(r.key, top.key) for r, d in sub)
     assert len(index.subtree(top.key, 2)) == min(2, len(members)) and index.subtree(b"\0" * 32, 10) == []
-    for ns in (None, "b"):
-        want = sorted((r for r in rows if not r.pinned and not children.get(r.key) and ns in (None, r.namespace)),
-                      key=lambda r: (r.last_access_at, r.key))
-        got, after = [], None
-        while page := index.leaves(ns, after, 7):
-            got += page
-            after = (page[-1].row.last_access_at, page[-1].row.key)
-        assert [leaf.row.key for leaf in got] == [r.key for r in want]
-        assert all(leaf.parent_num_children == len(children[leaf.row.parent_key]) for leaf in got)
-    for r in rows[:20]:
-        leaf = index.leaf(r.key)
-        assert leaf.row == r and leaf.parent_num_children == len(children[r.parent_key])
-    assert index.leaf(b"\7" * 32) is None
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_lineage_reads_keys_and_their_ancestors_in_one_query(tmp_path, request, backend):
-    """lineage: the keys and their stored ancestors up to the depth, each parent's children
-    counted where the parent is stored (None for the root, which is not)."""
+def test_rows_by_last_access_page_through_the_unpinned_rows_with_their_children_counted(tmp_path, request, backend):
+    """by_last_access: the unpinned rows by (last access, key), page after page from a cursor,
+    within a namespace or all of them, each with its stored children counted (pinned ones too),
+    by the query itself or, without, by children_counts."""
     url = request.getfixturevalue("postgres_url") if backend == "postgresql" else sqlite_url(tmp_path)
     rows = make_rows(11, 120)
-    by_key = {r.key: r for r in rows}
-    children: dict[bytes, list[bytes]] = {}
+    children: dict[bytes, int] = {}
     for r in rows:
-        children.setdefault(r.parent_key, []).append(r.key)
+        children[r.parent_key] = children.get(r.parent_key, 0) + 1
     index = ChunkIndex(url)
     try:
         index.insert(rows)
-        asked = [r.key for r in rows[-30:]] + [b"\7" * 32]
-        for depth in (0, 1, 3, 64):
-            want_keys = set()
-            for key in asked:
-                for _ in range(depth + 1):
-                    if key not in by_key:
-                        break
-                    want_keys.add(key)
-                    key = by_key[key].parent_key
-            got = index.lineage(asked, depth)
-            assert set(got) == want_keys
-            for key, leaf in got.items():
-                r = by_key[key]
-                assert leaf.row == r
-                assert leaf.parent_num_children == (len(children[r.parent_key]) if r.parent_key in by_key else None)
-        assert index.lineage([], 5) == {}
+        for ns in (None, "b"):
+            want = sorted((r for r in rows if not r.pinned and ns in (None, r.namespace)),
+                          key=lambda r: (r.last_access_at, r.key))
+            for count_children in (True, False):
+                got, after = [], None
+                while page := index.by_last_access(ns, after, 7, count_children=count_children):
+                    got += page
+                    after = (page[-1][0].last_access_at, page[-1][0].key)
+                assert [row for row, _ in got] == want
+                counts = ([n for _, n in got] if count_children
+                          else [index.children_counts([r.key for r in want]).get(r.key, 0) for r in want])
+                assert counts == [children.get(r.key, 0) for r in want]
+        assert sum(n for n in children.values()) == len(rows) and any(n > 1 for n in children.values())
+        assert index.children_counts([]) == {} and index.children_counts([b"\7" * 32]) == {}
     finally:
         index.close()
 

@@ -10,21 +10,22 @@ eviction in put, the CLI, maintenance and the management API (dry runs and evict
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Set
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from chunkstore.disk.index import ChunkIndex, ChunkRow, Leaf
+from chunkstore.disk.index import ChunkIndex, ChunkRow
 
-_LEAF_BATCH = 256
-# A parent the plan turns into a leaf is read with the lineage of the leaves waiting in the heap,
-# so a plan that takes whole chains asks the database about once per batch of leaves, not once per
-# chunk. The reads grow as the plan does: the first asks for the parent and _FIRST_LINEAGE_DEPTH
-# pages above it, each next one for twice the keys and depth, up to _LINEAGE_BATCH keys with
-# _LINEAGE_DEPTH pages above each. A put's plan takes a few chunks: reading the lineage of 256
-# leaves for it held the fleet's evictor lock ten times longer.
-_LINEAGE_BATCH = 256
-_LINEAGE_DEPTH = 64
-_FIRST_LINEAGE_DEPTH = 8
+# The plan reads the index in one scan by last access, oldest first, in batches that double as the
+# plan grows: a put's plan takes a few chunks, and its first read holds the fleet's evictor lock.
+# From the _PARALLEL_FROM-th batch on (a large plan: a sweep, a CLI eviction) the rows are read
+# alone and their children counted on other connections, _BATCHES_IN_FLIGHT batches at once: the
+# counts are random index probes, nine tenths of the work at 10M rows.
+_FIRST_SCAN_ROWS = 64
+_MAX_SCAN_ROWS = 4096
+_PARALLEL_FROM = 3
+_BATCHES_IN_FLIGHT = 2
 
 
 class ChunkNotStoredError(LookupError):
@@ -124,72 +125,102 @@ def _plan_key(index: ChunkIndex, selection: EvictionSelection, generation: int) 
     return EvictionPlan(selection, victims, len(kept), is_complete, generation)
 
 
+class _RowScan:
+    """The index's unpinned rows by last access, oldest first, with their children counts, in
+    batches (``next``), each read from the end of the one before; once the plan is large, the
+    next batches' counts are under way while this one is planned."""
+
+    def __init__(self, index: ChunkIndex, namespace: str | None) -> None:
+        self._index, self._namespace = index, namespace
+        self._after: tuple[float, bytes] | None = None
+        self._rows = _FIRST_SCAN_ROWS  # the next batch's size
+        self._batches = 0
+        self._pending: deque[tuple[list[tuple[ChunkRow, int | None]], Future | None]] = deque()  # read, counting
+        self._rows_exhausted = False
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def is_exhausted(self) -> bool:
+        return self._rows_exhausted and not self._pending
+
+    def next(self) -> list[tuple[ChunkRow, int]]:
+        """The next batch (empty at the end)."""
+        in_flight = 1 if self._batches < _PARALLEL_FROM else _BATCHES_IN_FLIGHT
+        while len(self._pending) < in_flight and not self._rows_exhausted:
+            self._read()
+        if not self._pending:
+            return []
+        batch, counting = self._pending.popleft()
+        if counting is None:  # counted by the query itself
+            return batch  # type: ignore[return-value]
+        counts = counting.result()
+        return [(row, counts.get(row.key, 0)) for row, _ in batch]
+
+    def _read(self) -> None:
+        asked, parallel = self._rows, self._batches >= _PARALLEL_FROM
+        batch = self._index.by_last_access(self._namespace, self._after, asked, count_children=not parallel)
+        self._batches += 1
+        self._rows = min(2 * asked, _MAX_SCAN_ROWS)
+        self._rows_exhausted = len(batch) < asked
+        if batch:
+            self._after = (batch[-1][0].last_access_at, batch[-1][0].key)
+        counting = None
+        if parallel and batch:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=_BATCHES_IN_FLIGHT, thread_name_prefix="chunkstore-plan")
+            counting = self._pool.submit(self._index.children_counts, [row.key for row, _ in batch])
+        self._pending.append((batch, counting))
+
+    def close(self) -> None:
+        """Stop counting ahead (a count under way ends on its own; it is not needed)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
               exclude: Set[bytes]) -> EvictionPlan:
-    """A heap of the current leaves (read from the index in batches, in order) plus the parents
-    that become leaves as the plan takes their last stored children."""
-    heap: list[tuple[float, bytes, ChunkRow, bool]] = []  # (last access, key, row, read as a leaf)
-    after: tuple[float, bytes] | None = None
-    fetched_in_heap, is_exhausted = 0, False
-    children_left: dict[bytes, int] = {}  # parent key -> its stored children not planned yet
+    """One scan of the unpinned rows by last access, oldest first, each with its count of stored
+    children. A row is ready once every chunk extending it is planned: at once for a leaf, when
+    its last child is planned for a parent. The heap holds the ready rows; every row in it was
+    scanned, and every row not scanned yet is newer than all of them, so the heap's oldest is the
+    next victim whenever the heap is not empty, and the scan goes on only when it is empty. A
+    parent is read once, in the scan, never asked for again."""
+    heap: list[tuple[float, bytes, ChunkRow]] = []  # (last access, key, row): ready rows
+    waiting: dict[bytes, tuple[ChunkRow, int]] = {}  # scanned, not ready: row, stored children not planned
+    planned_children: dict[bytes, int] = {}  # a key not scanned (yet) -> its children planned so far
     victims: list[ChunkRow] = []
     freed = 0
-    read_ahead: dict[bytes, Leaf | None] = {}  # rows read with a lineage, not yet asked for (None: not stored)
-    lineage_read: set[bytes] = set()  # keys whose lineage has been read
-    lineage_reads = 0
-
-    def parent_leaf(parent: bytes) -> Leaf | None:
-        nonlocal lineage_reads
-        if parent not in read_ahead:
-            scale = 1 << min(lineage_reads, 8)
-            waiting = [item[1] for item in heap if item[1] not in lineage_read][:min(scale, _LINEAGE_BATCH) - 1]
-            keys = [parent, *waiting]
-            lineage_read.update(keys)
-            found = index.lineage(keys, min(_FIRST_LINEAGE_DEPTH * scale, _LINEAGE_DEPTH))
-            lineage_reads += 1
-            read_ahead.update(found)
-            if parent not in found:
-                read_ahead[parent] = None
-        lineage_read.add(parent)  # (read with a lineage already: not asked for again as a waiting leaf)
-        return read_ahead.pop(parent)
-
-    def done(is_complete: bool = True) -> EvictionPlan:
-        return EvictionPlan(selection, tuple(victims), 0, is_complete, generation)
-
-    while True:
-        # Keep at least one leaf read from the index in the heap: every leaf not read yet is newer.
-        if fetched_in_heap == 0 and not is_exhausted:
-            batch = index.leaves(selection.namespace, after, _LEAF_BATCH)
-            for leaf in batch:
-                children_left.setdefault(leaf.row.parent_key, leaf.parent_num_children)
-                if leaf.row.key not in exclude:
-                    heapq.heappush(heap, (leaf.row.last_access_at, leaf.row.key, leaf.row, True))
-                    fetched_in_heap += 1
-            is_exhausted = len(batch) < _LEAF_BATCH
-            if batch:
-                after = (batch[-1].row.last_access_at, batch[-1].row.key)
-            if fetched_in_heap == 0 and not is_exhausted:
-                continue  # a whole batch of excluded leaves: read on
-        if not heap:
-            return done()
-        if selection.bytes_to_free is not None and freed >= selection.bytes_to_free:
-            return done()
-        if selection.accessed_before is not None and heap[0][0] >= selection.accessed_before:
-            return done()
-        if selection.max_chunks is not None and len(victims) >= selection.max_chunks:
-            return done(is_complete=False)
-        _, key, row, is_fetched = heapq.heappop(heap)
-        fetched_in_heap -= is_fetched
-        victims.append(row)
-        freed += row.stored_bytes
-        parent = row.parent_key
-        if parent not in children_left:  # a parent that is not stored: it never becomes a leaf
-            continue
-        children_left[parent] -= 1
-        if children_left[parent] == 0 and parent not in exclude:
-            leaf = parent_leaf(parent)
-            if leaf is not None and not leaf.row.pinned and (selection.namespace is None
-                                                             or leaf.row.namespace == selection.namespace):
-                if leaf.parent_num_children is not None:
-                    children_left.setdefault(leaf.row.parent_key, leaf.parent_num_children)
-                heapq.heappush(heap, (leaf.row.last_access_at, leaf.row.key, leaf.row, False))
+    scan = _RowScan(index, selection.namespace)
+    try:
+        while True:
+            if not heap:
+                if scan.is_exhausted:
+                    return EvictionPlan(selection, tuple(victims), 0, True, generation)
+                for row, num_children in scan.next():
+                    left = num_children - planned_children.pop(row.key, 0)
+                    if left > 0:
+                        waiting[row.key] = (row, left)
+                    elif row.key not in exclude:
+                        heapq.heappush(heap, (row.last_access_at, row.key, row))
+                continue
+            if ((selection.bytes_to_free is not None and freed >= selection.bytes_to_free)
+                    or (selection.accessed_before is not None and heap[0][0] >= selection.accessed_before)):
+                return EvictionPlan(selection, tuple(victims), 0, True, generation)
+            if selection.max_chunks is not None and len(victims) >= selection.max_chunks:
+                return EvictionPlan(selection, tuple(victims), 0, False, generation)
+            row = heapq.heappop(heap)[2]
+            victims.append(row)
+            freed += row.stored_bytes
+            parent = row.parent_key
+            if parent not in waiting:  # not scanned yet (or not stored, or in another namespace)
+                planned_children[parent] = planned_children.get(parent, 0) + 1
+                continue
+            parent_row, left = waiting[parent]
+            if left > 1:
+                waiting[parent] = (parent_row, left - 1)
+            else:
+                del waiting[parent]
+                if parent not in exclude:
+                    heapq.heappush(heap, (parent_row.last_access_at, parent, parent_row))
+    finally:
+        scan.close()

@@ -51,7 +51,7 @@ from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counter
 
 EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
 __all__ = [
-    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "Leaf", "NamespaceUsage", "ServerCounts", "Victim",
+    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "NamespaceUsage", "ServerCounts", "Victim",
     "drop_index", "upgrade_index", "default_server_name", "EVICTOR_LOCK_TIMEOUT_S", "SERVER_EVENTS",
     "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S", "COUNTER_FLUSH_S",
     # owned by index_dialect.py
@@ -123,16 +123,6 @@ class Victim:
     namespace: str
     stored_bytes: int
     raw_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Leaf:
-    """An eviction candidate: an unpinned row that no stored chunk extends, with the number of
-    stored chunks that extend its parent (its siblings and itself), so that a planner knows when
-    the parent becomes a leaf without asking again."""
-
-    row: ChunkRow
-    parent_num_children: int | None  # None: the parent is not stored (``lineage`` only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,18 +470,19 @@ class ChunkIndex:
             out.append((ChunkRow(**fields), int(r["depth"])))
         return out
 
-    def leaves(self, namespace: str | None = None, after: tuple[float, bytes] | None = None,
-               limit: int = 256) -> list[Leaf]:
-        """Unpinned rows that no stored chunk extends (what eviction may take now), by (last access,
-        key), oldest first, starting after ``after``; the one query of eviction candidates
-        (chunkstore/disk/eviction.py plans from it). Changes nothing."""
+    def by_last_access(self, namespace: str | None = None, after: tuple[float, bytes] | None = None,
+                       limit: int = 256, *, count_children: bool = True) -> list[tuple[ChunkRow, int | None]]:
+        """Unpinned rows by (last access, key), oldest first, starting after ``after``, each with
+        how many stored chunks extend it (None each without ``count_children``: then
+        ``children_counts`` counts them, e.g. on other connections at once): the one read eviction
+        plans from (chunkstore/disk/eviction.py). Changes nothing."""
         c = chunks.c
-        child = chunks.alias("child")
-        sibling = chunks.alias("sibling")
-        num_children = (select(func.count()).select_from(sibling).where(sibling.c.parent_key == c.parent_key)
-                        .scalar_subquery().label("parent_num_children"))
-        stmt = select(chunks, num_children).where(
-            c.pinned.is_(False), ~select(child.c.key).where(child.c.parent_key == c.key).exists())
+        columns = [c[name] for name in _ROW_COLUMNS]
+        if count_children:
+            child = chunks.alias("child")
+            columns.append(select(func.count()).select_from(child).where(child.c.parent_key == c.key)
+                           .scalar_subquery())
+        stmt = select(*columns).where(c.pinned.is_(False))
         if namespace is not None:
             stmt = stmt.where(c.namespace == namespace)
         if after is not None:  # (the first condition lets the index start at ``after``; the OR alone scanned from the oldest)
@@ -499,58 +490,16 @@ class ChunkIndex:
                               or_(c.last_access_at > after[0], and_(c.last_access_at == after[0], c.key > after[1])))
         stmt = stmt.order_by(c.last_access_at, c.key).limit(limit)
         with self.engine.connect() as conn:
-            return [self._leaf(r) for r in conn.execute(stmt).mappings().all()]
+            result = conn.execute(stmt).all()
+        if count_children:
+            return [(ChunkRow(*fields), n) for *fields, n in result]
+        return [(ChunkRow(*fields), None) for fields in result]
 
-    def leaf(self, key: bytes) -> Leaf | None:
-        """``key``'s row as a Leaf (whether or not it is one now: a planner asks once the plan has
-        taken every chunk that extends it); None when ``key`` is not stored. Changes nothing."""
-        c = chunks.c
-        sibling = chunks.alias("sibling")
-        num_children = (select(func.count()).select_from(sibling).where(sibling.c.parent_key == c.parent_key)
-                        .scalar_subquery().label("parent_num_children"))
+    def children_counts(self, keys: Sequence[bytes]) -> dict[bytes, int]:
+        """How many stored chunks extend each of ``keys`` (keys that none extends are absent): an
+        index-only count, no row read."""
         with self.engine.connect() as conn:
-            r = conn.execute(select(chunks, num_children).where(c.key == key)).mappings().first()
-        return None if r is None else self._leaf(r)
-
-    def lineage(self, keys: Sequence[bytes], depth: int) -> dict[bytes, Leaf]:
-        """The rows of ``keys`` and of their ancestors up to ``depth`` pages above them, each as a
-        Leaf (as ``leaf`` gives it, but with ``parent_num_children`` None when the parent is not
-        stored: it never becomes a leaf), by key, in one query: a planner that takes whole chains
-        asks once for many parents instead of once a parent. Keys not stored are absent. Changes
-        nothing."""
-        if not keys:
-            return {}
-        # One walk up the parent links carries the rows themselves (one index probe a page), a
-        # page further than asked: a row's parent is stored when the walk found it. Then how many
-        # stored chunks extend each row found, counted once per row (a probe of the parent index).
-        # Counting children only of rows found matters: a chain's first page extends a parent that
-        # is not stored, shared by every chain of its namespace, whose count reads all their roots.
-        cols = ", ".join(_ROW_COLUMNS)
-        sql = text(
-            f"""WITH RECURSIVE up({cols}, depth) AS (
-                    SELECT {cols}, 0 FROM chunks WHERE key IN :keys
-                    UNION
-                    SELECT {", ".join("p." + c for c in _ROW_COLUMNS)}, up.depth + 1
-                    FROM up JOIN chunks p ON p.key = up.parent_key WHERE up.depth <= :depth
-                ),
-                counts AS (SELECT parent_key AS counted, count(*) AS n FROM chunks
-                           WHERE parent_key IN (SELECT key FROM up) GROUP BY parent_key)
-                SELECT DISTINCT {", ".join("up." + c for c in _ROW_COLUMNS)}, counts.n
-                FROM up LEFT JOIN counts ON counts.counted = up.parent_key WHERE up.depth <= :depth"""
-        ).bindparams(bindparam("keys", expanding=True))
-        out: dict[bytes, Leaf] = {}
-        with self.engine.connect() as conn:
-            self.dialect.without_jit(conn)
-            for batch in batches(list(keys)):
-                for *fields, pinned, n in conn.execute(sql, {"keys": list(batch), "depth": depth}).all():
-                    row = ChunkRow(*fields, pinned=bool(pinned))
-                    out[row.key] = Leaf(row, None if n is None else int(n))
-        return out
-
-    @staticmethod
-    def _leaf(r) -> Leaf:
-        fields = {k: v for k, v in r.items() if k != "parent_num_children"}
-        return Leaf(ChunkRow(**fields), int(r["parent_num_children"]))
+            return self.dialect.children_counts(conn, keys)
 
     # -- writes (each takes write_lock) ----------------------------------------------------
 

@@ -187,6 +187,14 @@ class SqliteDialect:
     def keys_condition(self, keys: frozenset[bytes]):
         return chunks.c.key.in_(select(_QUERY_KEYS.c.key))
 
+    def children_counts(self, conn: Connection, keys: Sequence[bytes]) -> dict[bytes, int]:
+        out: dict[bytes, int] = {}
+        for batch in batches(list(keys)):
+            sql = (f"SELECT parent_key, count(*) FROM chunks WHERE parent_key IN ({','.join('?' * len(batch))}) "
+                   "GROUP BY parent_key")
+            out.update(conn.exec_driver_sql(sql, tuple(batch)).all())
+        return out
+
     def load_query_keys(self, conn: Connection, keys: frozenset[bytes] | None) -> None:
         if keys is not None:
             conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS chunk_query_keys (key BLOB PRIMARY KEY)")
@@ -237,9 +245,6 @@ class SqliteDialect:
 
     def checkpoint(self, conn: Connection) -> None:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    def without_jit(self, conn: Connection) -> None:
-        pass  # SQLite compiles no query
 
     def lock_migrations(self, conn: Connection) -> None:
         pass  # the file's one writer
@@ -327,6 +332,13 @@ class PostgresDialect:
     def keys_condition(self, keys: frozenset[bytes]):
         return chunks.c.key == any_(literal(list(keys), ARRAY(LargeBinary)))  # one array, however many keys
 
+    def children_counts(self, conn: Connection, keys: Sequence[bytes]) -> dict[bytes, int]:
+        """One statement over one array: 4,096 keys as bound parameters of an IN list cost more
+        to send and plan than the index probes themselves."""
+        rows = conn.exec_driver_sql("SELECT parent_key, count(*) FROM chunks WHERE parent_key = ANY(%(keys)s) "
+                                    "GROUP BY parent_key", {"keys": list(keys)}).all()
+        return {bytes(k): n for k, n in rows}
+
     def load_query_keys(self, conn: Connection, keys: frozenset[bytes] | None) -> None:
         pass
 
@@ -339,11 +351,6 @@ class PostgresDialect:
         answer = conn.exec_driver_sql(_PG_COMMIT_CLAIMED, {"writer": writer, **arrays}).all()
         held = {bytes(k) for k, _ in answer}
         return held, sum(1 for _, inserted in answer if inserted)  # (else another writer's row was there)
-
-    def without_jit(self, conn: Connection) -> None:
-        """No JIT compilation for the rest of ``conn``'s transaction: a recursive walk's estimate
-        (its rows guessed high) passes the JIT threshold, and compiling cost a sixth of the query."""
-        conn.exec_driver_sql("SET LOCAL jit = off")
 
     @contextmanager
     def evictor_lock(self, engine: Engine, write_lock: threading.RLock, timeout_s: float) -> Iterator[None]:
