@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from chunkstore.disk.index import ChunkIndex, ChunkRow
 
 # The plan reads the index in one scan by last access, oldest first, in batches that double as the
-# plan grows: a put's plan takes a few chunks, and its first read holds the fleet's evictor lock.
-# From the _PARALLEL_FROM-th batch on (a large plan: a sweep, a CLI eviction) the rows are read
+# plan grows: a put's plan takes a few chunks, and its reads hold the fleet's evictor lock. Once a
+# plan has taken _PARALLEL_FROM chunks (a sweep, a CLI eviction; never a put's), the rows are read
 # alone and their children counted on other connections, _BATCHES_IN_FLIGHT batches at once: the
 # counts are random index probes, nine tenths of the work at 10M rows.
-_FIRST_SCAN_ROWS = 64
+_FIRST_SCAN_ROWS = 256
 _MAX_SCAN_ROWS = 4096
-_PARALLEL_FROM = 3
+_PARALLEL_FROM = 1024
 _BATCHES_IN_FLIGHT = 2
 
 
@@ -127,14 +127,13 @@ def _plan_key(index: ChunkIndex, selection: EvictionSelection, generation: int) 
 
 class _RowScan:
     """The index's unpinned rows by last access, oldest first, with their children counts, in
-    batches (``next``), each read from the end of the one before; once the plan is large, the
-    next batches' counts are under way while this one is planned."""
+    batches (``next``), each read from the end of the one before; in parallel, the next batches'
+    counts are under way while this one is planned."""
 
     def __init__(self, index: ChunkIndex, namespace: str | None) -> None:
         self._index, self._namespace = index, namespace
         self._after: tuple[float, bytes] | None = None
         self._rows = _FIRST_SCAN_ROWS  # the next batch's size
-        self._batches = 0
         self._pending: deque[tuple[list[tuple[ChunkRow, int | None]], Future | None]] = deque()  # read, counting
         self._rows_exhausted = False
         self._pool: ThreadPoolExecutor | None = None
@@ -143,11 +142,11 @@ class _RowScan:
     def is_exhausted(self) -> bool:
         return self._rows_exhausted and not self._pending
 
-    def next(self) -> list[tuple[ChunkRow, int]]:
-        """The next batch (empty at the end)."""
-        in_flight = 1 if self._batches < _PARALLEL_FROM else _BATCHES_IN_FLIGHT
-        while len(self._pending) < in_flight and not self._rows_exhausted:
-            self._read()
+    def next(self, parallel: bool) -> list[tuple[ChunkRow, int]]:
+        """The next batch (empty at the end); ``parallel``: count the next batches' children on
+        other connections meanwhile."""
+        while len(self._pending) < (_BATCHES_IN_FLIGHT if parallel else 1) and not self._rows_exhausted:
+            self._read(parallel)
         if not self._pending:
             return []
         batch, counting = self._pending.popleft()
@@ -156,10 +155,9 @@ class _RowScan:
         counts = counting.result()
         return [(row, counts.get(row.key, 0)) for row, _ in batch]
 
-    def _read(self) -> None:
-        asked, parallel = self._rows, self._batches >= _PARALLEL_FROM
+    def _read(self, parallel: bool) -> None:
+        asked = self._rows
         batch = self._index.by_last_access(self._namespace, self._after, asked, count_children=not parallel)
-        self._batches += 1
         self._rows = min(2 * asked, _MAX_SCAN_ROWS)
         self._rows_exhausted = len(batch) < asked
         if batch:
@@ -196,7 +194,7 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
             if not heap:
                 if scan.is_exhausted:
                     return EvictionPlan(selection, tuple(victims), 0, True, generation)
-                for row, num_children in scan.next():
+                for row, num_children in scan.next(parallel=len(victims) >= _PARALLEL_FROM):
                     left = num_children - planned_children.pop(row.key, 0)
                     if left > 0:
                         waiting[row.key] = (row, left)
