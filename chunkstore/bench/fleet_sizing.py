@@ -1,7 +1,8 @@
 """The shared tier's capacity model, from what ``bench fleet --simulate-servers`` measures: the
 database's CPU and statements are a fixed part (its own upkeep: autovacuum, checkpoints) plus a
-part per request, fitted as a line over the fleet sizes that did not saturate the machine; the
-bucket's requests follow from the workload's pages. The model predicts what N servers at a
+part per request, fitted as a line over the fleet sizes that did not saturate the machine (by
+relative error, what each N is checked by); the bucket's requests follow from the workload's
+pages. The model predicts what N servers at a
 request rate cost, and each N measured checks it. Docs: FLEET.md, "Sizing".
 
 Invariants: the model is linear in requests (nothing in a request's cost grows with the fleet:
@@ -32,16 +33,27 @@ def is_saturated(point: dict) -> bool:
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """(intercept, slope) of the least-squares line through the points, the intercept at least 0
-    (then the slope is fitted through the origin)."""
-    n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else mean_y / mean_x
-    intercept = mean_y - slope * mean_x
-    if intercept < 0:
-        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-    return intercept, slope
+    """(intercept, slope) of the line with the least sum of squared relative errors (predicted /
+    measured - 1) over the points: the model is checked by its relative error at each N, so a
+    point of 0.01 cores counts as much as one of 0.3 (a plain least-squares line followed the
+    large points and missed the smallest by 60%). The intercept is at least 0 (else the slope is
+    fitted through the origin); points measured at 0 or below have no relative error and are
+    left out."""
+    points = [(x, y) for x, y in zip(xs, ys) if y > 0]
+    if not points:
+        return 0.0, 0.0
+    # Each point asks a / y + b * x / y = 1: least squares on those equations.
+    s11 = sum(1 / y ** 2 for _, y in points)
+    s12 = sum(x / y ** 2 for x, y in points)
+    s22 = sum((x / y) ** 2 for x, y in points)
+    t1 = sum(1 / y for _, y in points)
+    t2 = sum(x / y for x, y in points)
+    det = s11 * s22 - s12 * s12
+    if det > 1e-9 * s11 * s22:
+        intercept, slope = (t1 * s22 - t2 * s12) / det, (s11 * t2 - s12 * t1) / det
+        if intercept >= 0:
+            return intercept, slope
+    return 0.0, (t2 / s22 if s22 else 0.0)
 
 
 def bucket_requests_per_request(point: dict) -> float:
