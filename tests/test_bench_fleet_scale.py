@@ -75,6 +75,7 @@ def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, po
         assert p["requests"] > 0 and p["requests_per_s"] > 0 and p["window_s"] > 0
         assert p["lookup_ms"]["n"] == p["requests"] and p["lookup_ms"]["p50"] <= p["lookup_ms"]["p99"]
         assert p["publish_ms"]["n"] > 0
+        assert 0 <= p["local_copy_hits_per_request"] <= p["loaded_pages_per_request"]
         assert p["db_cpu_s"] >= 0 and p["statements_per_1000_requests"] > 0 and p["top_statements"]
         assert p["connections"]["max"] >= p["servers"]  # each server its own pool
         assert 0 <= p["evictor_lock"]["waiting_share"] <= 1 and p["evictor_lock"]["samples"] > 0

@@ -273,6 +273,9 @@ def summarize(servers: int, cfg: ScaleConfig, trace: TraceConfig, results: list[
         "publish_ms": _latency_ms([r["publish_s"] for r in measured if r["put_pages"]]),
         "hit_pages_per_request": per_request(sum(r["hit_pages"] for r in measured)),
         "loaded_pages_per_request": per_request(sum(r["loaded_pages"] for r in measured)),
+        # of them, read from the server's own local copy (no GET): a conversation's earlier rounds
+        # on the same server (always with one server, every other round with two)
+        "local_copy_hits_per_request": per_request(sum(r["local_copy_hits"] for r in measured)),
         "stored_pages_per_request": per_request(sum(r["stored"] for r in measured)),
         "pages_deduplicated": sum(r["deduplicated"] for r in measured),
         "pages_failed": sum(r["failed"] for r in measured),

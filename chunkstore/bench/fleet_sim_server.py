@@ -75,11 +75,13 @@ def _serve(plan: ServerPlan, request: Request, store, chain_pages, kv, outs, lat
     began = time.perf_counter()
     hit = store.longest_prefix([p.key for p in asked])
     lookup_s = time.perf_counter() - began
-    load_s, loaded = None, 0
+    load_s, loaded, local_hits = None, 0, 0
     if hit:
+        hits_before = _local_copy_hits(store)
         began = time.perf_counter()
         ok = store.get_into(asked[:hit], outs[:hit])
         load_s = time.perf_counter() - began
+        local_hits = _local_copy_hits(store) - hits_before
         while loaded < hit and ok[loaded]:  # a page evicted since the lookup: computed again from there
             loaded += 1
     new = pages[loaded:]
@@ -87,8 +89,14 @@ def _serve(plan: ServerPlan, request: Request, store, chain_pages, kv, outs, lat
     result = store.put(new, [kv[i % len(kv)] for i in range(len(new))])
     publish_s = time.perf_counter() - began
     return {"at_s": request.at_s, "late_s": late_s, "lookup_s": lookup_s, "hit_pages": hit, "load_s": load_s,
-            "loaded_pages": loaded, "publish_s": publish_s, "put_pages": len(new), "stored": len(result.stored),
+            "loaded_pages": loaded, "local_copy_hits": local_hits, "publish_s": publish_s, "put_pages": len(new), "stored": len(result.stored),
             "deduplicated": len(result.deduplicated), "failed": len(result.failed)}
+
+
+def _local_copy_hits(store) -> int:
+    """Reads the store's local copy has served so far (0 without one): no database statement."""
+    copy = store.payloads.local_copy_stats()
+    return 0 if copy is None else copy.hits
 
 
 def open_plan_store(plan: ServerPlan):

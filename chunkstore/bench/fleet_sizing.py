@@ -58,9 +58,10 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def bucket_requests_per_request(point: dict) -> float:
     """A request's bucket requests by the workload's pages: one PUT per page stored, one GET per
-    page loaded (no local copy helps when a conversation's rounds land on other servers), one
-    DeleteObjects for the eviction that makes room (a full tier)."""
-    return point["stored_pages_per_request"] + point["loaded_pages_per_request"] + 1.0
+    page loaded that the server's local copy did not have (a conversation's rounds on other
+    servers miss it), one DeleteObjects for the eviction that makes room (a full tier)."""
+    gets = point["loaded_pages_per_request"] - point["local_copy_hits_per_request"]
+    return point["stored_pages_per_request"] + gets + 1.0
 
 
 def sizing_model(points: list[dict], rate_per_server: float) -> dict:
