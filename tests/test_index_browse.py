@@ -1,36 +1,20 @@
-"""The index's read-only browsing helpers (list_chunks, count_chunks, child_keys, subtree, leaves, leaf,
-lineage) against a plain Python model of the same rows, on real SQLite files in tmp_path (lineage on
-PostgreSQL too)."""
+"""The index's read-only browsing helpers (list_chunks, count_chunks, child_keys, subtree,
+by_last_access, children_counts) against a plain Python model of the same rows, on real SQLite
+files in tmp_path (the last two on PostgreSQL too)."""
 
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chunkstore.disk.index import ChunkIndex, ChunkOrder, ChunkQuery, ChunkRow, sqlite_url
+from tests.helpers.eviction import make_rows
 
-ROOT = b"\xff" * 32
 _SORT_KEY = {ChunkOrder.LAST_ACCESS: lambda r: r.last_access_at, ChunkOrder.HITS: lambda r: r.hit_count,
              ChunkOrder.SIZE: lambda r: r.stored_bytes, ChunkOrder.CREATED: lambda r: r.created_at}
-
-
-def make_rows(seed: int, n: int) -> list[ChunkRow]:
-    """A forest: each row extends an earlier one of its namespace or starts at the root."""
-    rng = random.Random(seed)
-    rows: list[ChunkRow] = []
-    for i in range(n):
-        ns = rng.choice(["a", "b", "c"])
-        earlier = [r.key for r in rows if r.namespace == ns]
-        parent = rng.choice(earlier) if earlier and rng.random() < 0.7 else ROOT
-        rows.append(ChunkRow(key=rng.randbytes(32), parent_key=parent, namespace=ns, num_tokens=4,
-                             raw_bytes=1024, stored_bytes=rng.randint(500, 520), created_at=float(rng.randint(0, 50)),
-                             last_access_at=float(rng.randint(0, 50)), hit_count=rng.randint(0, 5),
-                             pinned=rng.random() < 0.2))
-    return rows
 
 
 @pytest.fixture(scope="module")

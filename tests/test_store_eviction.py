@@ -6,18 +6,21 @@ takes the same order (tests/test_store.py)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event
 
 from chunkstore import ChunkStore, chain_pages
-from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, StrandedDescendantsError
+from chunkstore.disk import eviction as planner
+from chunkstore.disk.eviction import ChunkNotStoredError, EvictionSelection, ScanSizes, StrandedDescendantsError
 from chunkstore.disk.index import ChunkIndex, sqlite_url
 from chunkstore.disk.maintenance import evict_bytes
 from tests.helpers import TINY, eviction, kv_pages
 from tests.helpers.eviction import (assert_plan_is_the_rule, check_a_stale_plan_is_planned_again, drawn_selection,
-                                    fill_branches, model_plan)
+                                    fill_branches, make_rows, model_plan)
 
 P = TINY.page_size
 
@@ -103,6 +106,35 @@ def test_bulk_eviction_follows_the_plan_order(tmp_path):
         assert list(evict_bytes(store, want).keys) == expected
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_plan_read_in_small_batches_and_counted_in_parallel_is_the_rule(tmp_path, request, backend):
+    """The planner's scan in batches of a few rows (so parents arrive before, among and after their
+    children, access-time ties split across batches) and its children counted on other
+    connections from the first chunks on: every plan is what the model takes, whatever the sizes."""
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else sqlite_url(tmp_path)
+    rng = random.Random(5)
+    index = ChunkIndex(url)
+    try:
+        for seed in range(3):
+            rows = make_rows(seed, 150)
+            index.insert(rows)
+            by_key = {r.key: r for r in rows}
+            for _ in range(12):
+                ns = rng.choice([None, "a", "b"])
+                times = sorted(r.last_access_at for r in rows)
+                selection = rng.choice([
+                    EvictionSelection(namespace=ns, max_chunks=rng.choice([None, 1, 7, 40])),
+                    EvictionSelection(namespace=ns, accessed_before=rng.choice(times)),
+                    EvictionSelection(namespace=ns, bytes_to_free=rng.randint(0, 40_000))])
+                sizes = ScanSizes(first_rows=rng.randint(1, 4), max_rows=rng.randint(4, 16),
+                                  parallel_from=rng.choice([0, 3, 10_000]), in_flight=rng.randint(1, 3))
+                plan = planner.plan(index, selection, generation=0, scan=sizes)
+                assert list(plan.keys) == model_plan(by_key, selection), (selection, sizes)
+            index.delete([r.key for r in rows])
+    finally:
+        index.close()
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])

@@ -17,15 +17,19 @@ from dataclasses import dataclass
 
 from chunkstore.disk.index import ChunkIndex, ChunkRow
 
-# The plan reads the index in one scan by last access, oldest first, in batches that double as the
-# plan grows: a put's plan takes a few chunks, and its reads hold the fleet's evictor lock. Once a
-# plan has taken _PARALLEL_FROM chunks (a sweep, a CLI eviction; never a put's), the rows are read
-# alone and their children counted on other connections, _BATCHES_IN_FLIGHT batches at once: the
-# counts are random index probes, nine tenths of the work at 10M rows.
-_FIRST_SCAN_ROWS = 256
-_MAX_SCAN_ROWS = 4096
-_PARALLEL_FROM = 1024
-_BATCHES_IN_FLIGHT = 2
+
+@dataclass(frozen=True, slots=True)
+class ScanSizes:
+    """How a plan reads the index: in batches of ``first_rows`` rows, doubling up to ``max_rows``
+    (a put's plan takes a few chunks, and its reads hold the fleet's evictor lock). Once a plan has
+    taken ``parallel_from`` chunks (a sweep, a CLI eviction; never a put's), each batch's rows are
+    read alone and their children counted on other connections, ``in_flight`` batches at once:
+    the counts are random index probes, nine tenths of the work at 10M rows."""
+
+    first_rows: int = 256
+    max_rows: int = 4096
+    parallel_from: int = 1024
+    in_flight: int = 2
 
 
 class ChunkNotStoredError(LookupError):
@@ -89,12 +93,12 @@ class EvictionPlan:
 
 
 def plan(index: ChunkIndex, selection: EvictionSelection, *, generation: int,
-         exclude: Set[bytes] = frozenset()) -> EvictionPlan:
+         exclude: Set[bytes] = frozenset(), scan: ScanSizes = ScanSizes()) -> EvictionPlan:
     """What ``selection`` evicts now, leaving out ``exclude`` (and so their ancestors). Changes
     nothing. Raises ChunkNotStoredError (an unknown key) and StrandedDescendantsError."""
     if selection.key is not None:
         return _plan_key(index, selection, generation)
-    return _plan_lru(index, selection, generation, exclude)
+    return _plan_lru(index, selection, generation, exclude, scan)
 
 
 def _plan_key(index: ChunkIndex, selection: EvictionSelection, generation: int) -> EvictionPlan:
@@ -130,10 +134,10 @@ class _RowScan:
     batches (``next``), each read from the end of the one before; in parallel, the next batches'
     counts are under way while this one is planned."""
 
-    def __init__(self, index: ChunkIndex, namespace: str | None) -> None:
-        self._index, self._namespace = index, namespace
+    def __init__(self, index: ChunkIndex, namespace: str | None, sizes: ScanSizes) -> None:
+        self._index, self._namespace, self._sizes = index, namespace, sizes
         self._after: tuple[float, bytes] | None = None
-        self._rows = _FIRST_SCAN_ROWS  # the next batch's size
+        self._rows = sizes.first_rows  # the next batch's size
         self._pending: deque[tuple[list[tuple[ChunkRow, int | None]], Future | None]] = deque()  # read, counting
         self._rows_exhausted = False
         self._pool: ThreadPoolExecutor | None = None
@@ -145,7 +149,7 @@ class _RowScan:
     def next(self, parallel: bool) -> list[tuple[ChunkRow, int]]:
         """The next batch (empty at the end); ``parallel``: count the next batches' children on
         other connections meanwhile."""
-        while len(self._pending) < (_BATCHES_IN_FLIGHT if parallel else 1) and not self._rows_exhausted:
+        while len(self._pending) < (self._sizes.in_flight if parallel else 1) and not self._rows_exhausted:
             self._read(parallel)
         if not self._pending:
             return []
@@ -158,14 +162,14 @@ class _RowScan:
     def _read(self, parallel: bool) -> None:
         asked = self._rows
         batch = self._index.by_last_access(self._namespace, self._after, asked, count_children=not parallel)
-        self._rows = min(2 * asked, _MAX_SCAN_ROWS)
+        self._rows = min(2 * asked, self._sizes.max_rows)
         self._rows_exhausted = len(batch) < asked
         if batch:
             self._after = (batch[-1][0].last_access_at, batch[-1][0].key)
         counting = None
         if parallel and batch:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=_BATCHES_IN_FLIGHT, thread_name_prefix="chunkstore-plan")
+                self._pool = ThreadPoolExecutor(max_workers=self._sizes.in_flight, thread_name_prefix="chunkstore-plan")
             counting = self._pool.submit(self._index.children_counts, [row.key for row, _ in batch])
         self._pending.append((batch, counting))
 
@@ -176,7 +180,7 @@ class _RowScan:
 
 
 def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
-              exclude: Set[bytes]) -> EvictionPlan:
+              exclude: Set[bytes], sizes: ScanSizes) -> EvictionPlan:
     """One scan of the unpinned rows by last access, oldest first, each with its count of stored
     children. A row is ready once every chunk extending it is planned: at once for a leaf, when
     its last child is planned for a parent. The heap holds the ready rows; every row in it was
@@ -188,13 +192,13 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
     planned_children: dict[bytes, int] = {}  # a key not scanned (yet) -> its children planned so far
     victims: list[ChunkRow] = []
     freed = 0
-    scan = _RowScan(index, selection.namespace)
+    scan = _RowScan(index, selection.namespace, sizes)
     try:
         while True:
             if not heap:
                 if scan.is_exhausted:
                     return EvictionPlan(selection, tuple(victims), 0, True, generation)
-                for row, num_children in scan.next(parallel=len(victims) >= _PARALLEL_FROM):
+                for row, num_children in scan.next(parallel=len(victims) >= sizes.parallel_from):
                     left = num_children - planned_children.pop(row.key, 0)
                     if left > 0:
                         waiting[row.key] = (row, left)

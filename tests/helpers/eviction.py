@@ -1,6 +1,7 @@
-"""Helpers of the eviction tests (tests/test_store_eviction.py, tests/test_shared_contract.py): a
-store filled with branching prefixes, chunks' access times set through an index of the test's own,
-a plain model of the eviction rule and the selections the property tests draw."""
+"""Helpers of the eviction and index tests (tests/test_store_eviction.py, tests/test_shared_contract.py,
+tests/test_index_browse.py): a store filled with branching prefixes, a forest of rows, chunks'
+access times set through an index of the test's own, a plain model of the eviction rule and the
+selections the property tests draw."""
 
 from __future__ import annotations
 
@@ -13,6 +14,23 @@ from chunkstore.disk.index import ChunkIndex, ChunkRow
 from tests.helpers import TINY, kv_pages
 
 P = TINY.page_size
+ROOT = b"\xff" * 32  # the parent of a forest's first rows (not stored)
+
+
+def make_rows(seed: int, n: int) -> list[ChunkRow]:
+    """A forest: each row extends an earlier one of its namespace or starts at the root; access
+    times drawn from 51 values (so many ties), one row in five pinned."""
+    rng = random.Random(seed)
+    rows: list[ChunkRow] = []
+    for _ in range(n):
+        ns = rng.choice(["a", "b", "c"])
+        earlier = [r.key for r in rows if r.namespace == ns]
+        parent = rng.choice(earlier) if earlier and rng.random() < 0.7 else ROOT
+        rows.append(ChunkRow(key=rng.randbytes(32), parent_key=parent, namespace=ns, num_tokens=4,
+                             raw_bytes=1024, stored_bytes=rng.randint(500, 520), created_at=float(rng.randint(0, 50)),
+                             last_access_at=float(rng.randint(0, 50)), hit_count=rng.randint(0, 5),
+                             pinned=rng.random() < 0.2))
+    return rows
 
 
 def set_access_times(index_url: str, times: dict[bytes, float]) -> None:
