@@ -141,6 +141,7 @@ class _RowScan:
         self._pending: deque[tuple[list[tuple[ChunkRow, int | None]], Future | None]] = deque()  # read, counting
         self._rows_exhausted = False
         self._pool: ThreadPoolExecutor | None = None
+        self.reached_access: float | None = None  # the last access of the last row returned
 
     @property
     def is_exhausted(self) -> bool:
@@ -154,6 +155,8 @@ class _RowScan:
         if not self._pending:
             return []
         batch, counting = self._pending.popleft()
+        if batch:
+            self.reached_access = batch[-1][0].last_access_at
         if counting is None:  # counted by the query itself
             return batch  # type: ignore[return-value]
         counts = counting.result()
@@ -196,7 +199,9 @@ def _plan_lru(index: ChunkIndex, selection: EvictionSelection, generation: int,
     try:
         while True:
             if not heap:
-                if scan.is_exhausted:
+                # Nothing ready: only rows not scanned yet can be, and they are newer than the scan.
+                if scan.is_exhausted or (selection.accessed_before is not None and scan.reached_access is not None
+                                         and scan.reached_access >= selection.accessed_before):
                     return EvictionPlan(selection, tuple(victims), 0, True, generation)
                 for row, num_children in scan.next(parallel=len(victims) >= sizes.parallel_from):
                     left = num_children - planned_children.pop(row.key, 0)
