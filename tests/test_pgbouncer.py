@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from chunkstore.disk import migrations
+from chunkstore.disk import eviction, migrations
+from chunkstore.disk.eviction import EvictionSelection, ScanSizes
 from chunkstore.disk.index import ChunkIndex, ChunkRow
 from chunkstore.disk.index_dialect import PoolerModeError
 from chunkstore.testing.pgbouncer import PgBouncer, PoolMode
@@ -81,6 +82,9 @@ def test_behind_transaction_pooling_the_index_prepares_nothing_and_works(pgbounc
             index.touch(keys[i:i + 4])
             index.flush()
         assert index.count() == 64
+        for _ in range(6):  # the planner's reads, each past the threshold, its counts on two connections at once
+            plan = eviction.plan(index, EvictionSelection(), generation=0, scan=ScanSizes(2, 4, 0, 2))
+            assert sorted(plan.keys) == sorted(keys[1:])  # (keys[0] is every row's parent, its own too)
         assert _prepare_thresholds(index) == {None}
     finally:
         index.close()
