@@ -33,6 +33,7 @@ import errno
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -386,9 +387,11 @@ class RadosGateway(Throwaway, S3Endpoint):
         for name, process in self._processes.items():
             if process.poll() is not None:
                 errors = error_lines(logs[name], self._log_starts.get(name, 0))
+                # (radosgw exits with EADDRINUSE for a taken port, or now and then crashes on its way out)
+                taken = f"; port {self.port} is taken by another process" if name == "rgw" and port_taken(self.port) else ""
                 raise RadosGatewayError(
-                    f"{name} (PID {process.pid}) exited with {exit_meaning(process.returncode)} during start-up; "
-                    f"see {logs[name]}; its errors:\n{errors}\nthe log's end:\n{log_tail(logs[name])}")
+                    f"{name} (PID {process.pid}) exited with {exit_meaning(process.returncode)} during start-up"
+                    f"{taken}; see {logs[name]}; its errors:\n{errors}\nthe log's end:\n{log_tail(logs[name])}")
 
     def _tool(self, deadline: float, tool: str, *args: str) -> None:
         """Run one Ceph tool to completion, its command line and output appended to the setup log."""
@@ -483,6 +486,17 @@ rgw_exit_timeout_secs = 1
 rgw_gc_obj_min_wait = 60
 rgw_gc_processor_period = 60
 """
+
+
+def port_taken(port: int) -> bool:
+    """Whether another process listens on ``port`` of the loopback address (a bind there fails)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (a closed connection's TIME_WAIT does not count)
+        try:
+            probe.bind((HOST, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
 
 
 def exit_meaning(returncode: int) -> str:
