@@ -89,8 +89,8 @@ def _serve(plan: ServerPlan, request: Request, store, chain_pages, kv, outs, lat
     result = store.put(new, [kv[i % len(kv)] for i in range(len(new))])
     publish_s = time.perf_counter() - began
     return {"at_s": request.at_s, "late_s": late_s, "lookup_s": lookup_s, "hit_pages": hit, "load_s": load_s,
-            "loaded_pages": loaded, "local_copy_hits": local_hits, "publish_s": publish_s, "put_pages": len(new), "stored": len(result.stored),
-            "deduplicated": len(result.deduplicated), "failed": len(result.failed)}
+            "loaded_pages": loaded, "local_copy_hits": local_hits, "publish_s": publish_s, "put_pages": len(new),
+            "stored": len(result.stored), "deduplicated": len(result.deduplicated), "failed": len(result.failed)}
 
 
 def _local_copy_hits(store) -> int:

@@ -2,8 +2,8 @@
 database's CPU and statements are a fixed part (its own upkeep: autovacuum, checkpoints) plus a
 part per request, fitted as a line over the fleet sizes that did not saturate the machine (by
 relative error, what each N is checked by); the bucket's requests follow from the workload's
-pages. The model predicts what N servers at a
-request rate cost, and each N measured checks it. Docs: FLEET.md, "Sizing".
+pages. The model predicts what N servers at a request rate cost, and each N measured checks it.
+Docs: FLEET.md, "Sizing".
 
 Invariants: the model is linear in requests (nothing in a request's cost grows with the fleet:
 the per-request targets below test that); a prediction uses the requests/s each N actually served

@@ -388,10 +388,11 @@ class RadosGateway(Throwaway, S3Endpoint):
             if process.poll() is not None:
                 errors = error_lines(logs[name], self._log_starts.get(name, 0))
                 # (radosgw exits with EADDRINUSE for a taken port, or now and then crashes on its way out)
-                taken = f"; port {self.port} is taken by another process" if name == "rgw" and port_taken(self.port) else ""
+                taken = name == "rgw" and port_taken(self.port)
+                why = f"; port {self.port} is taken by another process" if taken else ""
                 raise RadosGatewayError(
                     f"{name} (PID {process.pid}) exited with {exit_meaning(process.returncode)} during start-up"
-                    f"{taken}; see {logs[name]}; its errors:\n{errors}\nthe log's end:\n{log_tail(logs[name])}")
+                    f"{why}; see {logs[name]}; its errors:\n{errors}\nthe log's end:\n{log_tail(logs[name])}")
 
     def _tool(self, deadline: float, tool: str, *args: str) -> None:
         """Run one Ceph tool to completion, its command line and output appended to the setup log."""
