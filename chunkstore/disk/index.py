@@ -288,22 +288,16 @@ class ChunkIndex:
             raise OperationalError("connect", None, exc) from exc
         errors = self.engine.dialect.loaded_dbapi.Error
         try:
-            found = self.dialect.present(conn, keys)
+            return self.dialect.present(conn, keys)
         except errors as exc:  # as SQLAlchemy does for its own statements: the driver's error as a DBAPIError,
             if self.engine.dialect.is_disconnect(exc, conn.driver_connection, None):
                 conn.invalidate(exc)  # and a dead connection's pool renewed (its others died with it)
                 self.engine.dispose()
-            else:
+            raise OperationalError("SELECT key FROM chunks", None, exc) from exc
+        finally:
+            if conn.is_valid:
                 self.dialect.after_raw(conn, errors)
             conn.close()
-            raise OperationalError("SELECT key FROM chunks", None, exc) from exc
-        except BaseException:
-            self.dialect.after_raw(conn, errors)
-            conn.close()
-            raise
-        self.dialect.after_raw(conn, errors)
-        conn.close()
-        return found
 
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, ChunkRow]:
         out: dict[bytes, ChunkRow] = {}

@@ -101,7 +101,6 @@ class PgBouncer(Throwaway):
     def log_path(self) -> Path | None:
         return self.folder / "pgbouncer.log" if self.folder is not None else None
 
-
     def start(self) -> None:
         """Write the config and auth file, start PgBouncer and return once a query through it is
         answered by the server. Raises PgBouncerError, with the log's tail, when it exits during

@@ -108,7 +108,6 @@ class PostgresServer(Throwaway):
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-
     def start(self) -> None:
         """Make the cluster (initdb) and start the server; return once it accepts connections.
 

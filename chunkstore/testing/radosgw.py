@@ -157,7 +157,6 @@ class RadosGateway(Throwaway, S3Endpoint):
         process = self._processes.get("rgw")
         return process.pid if process is not None else None
 
-
     def start(self) -> None:
         """Make a new cluster in `folder`, start its daemons and the S3 user; return once the user
         lists its buckets.
