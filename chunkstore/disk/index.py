@@ -45,7 +45,7 @@ from chunkstore.disk import migrations
 # What differs between SQLite and PostgreSQL, and the URL helpers, owned there; importable from here.
 from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, IndexDialect, IndexMissingError, batches, db_files,
                                           dialect_for, display_url, index_backend, prepare_db_files, release_in,
-                                          row_values, sqlite_path, sqlite_url)
+                                          row_values, sqlite_path, sqlite_url, unchecked_checkout)
 from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counters, namespace_quotas, namespace_usage,
                                     server_counters, store_meta)
 
@@ -95,6 +95,10 @@ def _retried_on_conflict(method):
                 time.sleep(random.uniform(0, CONFLICT_PAUSE_S * 2 ** (attempt - 1)))
         raise AssertionError("unreachable")
     return run
+
+
+class _DeadConnection(OperationalError):
+    """A lookup met a pooled connection that was dead (the pool is renewed by then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +283,18 @@ class ChunkIndex:
         """The stored keys among ``keys``. On every lookup's path (each request asks), so it runs
         plain DB-API statements on a pooled connection: SQLAlchemy's statement building cost ten
         times the query. On PostgreSQL the one statement runs in autocommit: one round trip, where
-        a transaction adds a BEGIN before it and a ROLLBACK when the connection goes back."""
+        a transaction adds a BEGIN before it and a ROLLBACK when the connection goes back. The
+        connection is not checked first, however long it sat idle (a round trip of its own): a
+        lookup that meets a dead one renews the pool and runs once more, on a new connection."""
+        try:
+            with unchecked_checkout():
+                return self._present_once(keys)
+        except _DeadConnection:
+            return self._present_once(keys)
+
+    def _present_once(self, keys: Sequence[bytes]) -> set[bytes]:
+        """``present`` on one pooled connection; raises _DeadConnection (a DBAPIError) when it was
+        dead, after renewing the pool."""
         try:
             conn = self.engine.raw_connection()
         except DBAPIError:
@@ -293,6 +308,7 @@ class ChunkIndex:
             if self.engine.dialect.is_disconnect(exc, conn.driver_connection, None):
                 conn.invalidate(exc)  # and a dead connection's pool renewed (its others died with it)
                 self.engine.dispose()
+                raise _DeadConnection("SELECT key FROM chunks", None, exc) from exc
             raise OperationalError("SELECT key FROM chunks", None, exc) from exc
         finally:
             if conn.is_valid:

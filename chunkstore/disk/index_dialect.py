@@ -280,6 +280,18 @@ _PG_COMMIT_CLAIMED = (
 
 
 PING_IDLE_S = 1.0  # a pooled connection idle this long is checked before it is handed out
+_checkout = threading.local()  # .unchecked: this thread's next checkouts skip the idle check
+
+
+@contextmanager
+def unchecked_checkout() -> Iterator[None]:
+    """Checkouts in this block (this thread's) skip ``ping_idle_connections``'s check: for a
+    read that its caller runs again on a new connection when it meets a dead one."""
+    _checkout.unchecked = True
+    try:
+        yield
+    finally:
+        _checkout.unchecked = False
 
 
 def ping_idle_connections(engine: Engine, idle_s: float) -> None:
@@ -288,7 +300,8 @@ def ping_idle_connections(engine: Engine, idle_s: float) -> None:
     failover) left it dead, and the pool then opens another. One used within ``idle_s`` goes out
     unchecked: checking every checkout (SQLAlchemy's pre-ping) cost a round trip each, 0.1 ms
     here, 40% of a prefix lookup. A statement that still meets a dead connection fails (the pool
-    then renews its connections): a miss or a failed write, never wrong data."""
+    then renews its connections): a miss or a failed write, never wrong data. Inside
+    ``unchecked_checkout`` nothing is checked."""
 
     @event.listens_for(engine, "checkin")
     def idle_from(dbapi_connection: Any, record: Any) -> None:
@@ -297,7 +310,7 @@ def ping_idle_connections(engine: Engine, idle_s: float) -> None:
     @event.listens_for(engine, "checkout")
     def check(dbapi_connection: Any, record: Any, proxy: Any) -> None:
         since = record.info.pop("idle_from", None)
-        if since is None or time.monotonic() - since < idle_s:
+        if since is None or time.monotonic() - since < idle_s or getattr(_checkout, "unchecked", False):
             return
         try:
             engine.dialect.do_ping(dbapi_connection)
