@@ -99,6 +99,9 @@ def test_a_bulk_loaded_index_reports_lookups_plans_and_its_size(tmp_path, capsys
     assert point["rows"] == 4000 and point["plan_chunks"] == 40
     assert 0 < point["lookup_ms"]["p50"] <= point["lookup_ms"]["p99"] and point["plan_s"] > 0
     assert 0 < point["warm_lookup_ms"]["p50"] <= point["warm_lookup_ms"]["p99"]
+    assert 0 < point["in_buffers_lookup_ms"]["p50"] <= point["in_buffers_lookup_ms"]["p99"]
+    assert r["in_buffers_lookup_p50_largest_vs_smallest"] == 1.0  # one size: its own ratio
+    assert "shared_buffers=128MB" in r["setting"]  # 4k rows fit PostgreSQL's default
     assert 0 < point["indexes_bytes"] < point["table_bytes"] <= point["database_bytes"]
     assert set(r["targets"]) == {"lookup_p50_largest_vs_smallest", "plan_s_largest"}
     assert "lookup p50 / p99 ms" in capsys.readouterr().out
