@@ -468,7 +468,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "to ROWS rows (e.g. 10M), and its size on disk")
     scale.add_argument("--pg-setting", metavar="NAME=VALUE", action="append", type=_pg_setting, default=[],
                        help="a setting of the throwaway PostgreSQL of --simulate-servers and --index-rows, e.g. "
-                            "shared_buffers=4GB (repeatable; default: PostgreSQL's own)")
+                            "shared_buffers=4GB (repeatable; default: PostgreSQL's own, but --index-rows gives "
+                            "shared_buffers room for the largest index)")
     add_output_arguments(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
