@@ -79,14 +79,18 @@ def chain_rows(first_chain: int, last_chain: int, chain_pages: int, page_bytes: 
             parent = key
 
 
-def bulk_load(url: str, first_chain: int, last_chain: int, cfg: RowsConfig, page_bytes: int) -> None:
-    """COPY the chains' rows in, COPY_BATCH_ROWS per statement, then VACUUM ANALYZE."""
+def _connect(url: str, **options):
+    """A psycopg connection to the database of the SQLAlchemy ``url`` (the bench's own statements)."""
     import psycopg
     from sqlalchemy.engine import make_url
 
     u = make_url(url)
-    with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database,
-                         prepare_threshold=None) as conn:
+    return psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database, **options)
+
+
+def bulk_load(url: str, first_chain: int, last_chain: int, cfg: RowsConfig, page_bytes: int) -> None:
+    """COPY the chains' rows in, COPY_BATCH_ROWS per statement, then VACUUM ANALYZE."""
+    with _connect(url, prepare_threshold=None) as conn:
         step = max(1, COPY_BATCH_ROWS // cfg.chain_pages)
         for start in range(first_chain, last_chain, step):
             with conn.cursor().copy(f"COPY chunks ({', '.join(n for n, _ in _COLUMNS)}) FROM STDIN (FORMAT BINARY)") \
@@ -108,21 +112,13 @@ def buffers_for(max_rows: int) -> str:
 
 def prewarm_indexes(url: str) -> None:
     """Every index of the chunks table read into PostgreSQL's buffers (``pg_prewarm``)."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database, autocommit=True) as conn:
+    with _connect(url, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
         conn.execute("SELECT pg_prewarm(indexrelid) FROM pg_index WHERE indrelid = 'chunks'::regclass")
 
 
 def sizes_on_disk(url: str) -> dict:
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database, autocommit=True) as conn:
+    with _connect(url, autocommit=True) as conn:
         table, indexes, database = conn.execute(
             "SELECT pg_total_relation_size('chunks'), pg_indexes_size('chunks'), pg_database_size(current_database())"
         ).fetchone()
