@@ -114,6 +114,9 @@ def test_pure_function_cleans_up_its_temp_folder(tmp_path, monkeypatch):
     (["--kv-source", "model"], "valid values: synthetic"),
     (["--codec", "lz4"], "valid values: none"),
     (["--output", "/nonexistent-folder/x.json"], "does not exist"),
+    (["--device", "gpu"], "device must be cpu or cuda (cuda:N), got 'gpu'"),
+    (["--device", "meta"], "device must be cpu or cuda"),
+    *([(["--device", "cuda"], "this torch sees no CUDA device")] if not torch.cuda.is_available() else []),
 ])
 def test_invalid_options_exit_2_with_a_clear_error(argv, message, capsys):
     assert bench.run(parse([*TINY, *argv])) == 2
@@ -161,3 +164,12 @@ def test_a_sealed_store_is_timed_beside_the_unsealed_one(tmp_path):
         assert math.isfinite(r[key]), key  # a difference of two measurements: either sign
     assert r["sealed_bytes"] == r["stored_bytes"] + r["num_pages"] * 62  # the seal's 62 bytes a chunk
     assert {"sealed_save_vs_unsealed", "seal_extra_vs_cipher"} <= set(r["targets"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_pages_put_from_and_loaded_into_device_memory(tmp_path):
+    out = tmp_path / "r.json"  # every load is compared byte for byte inside the run: a wrong page exits 1
+    assert bench.run(parse([*TINY, "--device", "cuda", "--output", str(out)])) == 0
+    r = json.loads(out.read_text())
+    assert r["device"].startswith("cuda") and r["load_gbps"] > 0 and r["save_gbps"] > 0

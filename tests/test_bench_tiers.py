@@ -14,7 +14,8 @@ from chunkstore.bench import tiers as bench
 TINY = ["--conversations", "20", "--requests", "5", "--request-tokens", "1024", "--size-mb", "8",
         "--batch-pages", "4", "--layers", "2", "--no-progress"]
 FIGURES = ("match_insert_ms", "match_insert_disk_ms", "host_to_device_gbps", "memcpy_gbps",
-           "disk_to_device_gbps", "load_gbps", "host_to_device_vs_memcpy", "disk_to_device_vs_load")
+           "disk_to_device_gbps", "load_gbps", "host_to_device_vs_memcpy", "disk_to_device_vs_load",
+           "device_to_host_gbps", "memcpy_d2h_gbps", "device_to_host_vs_memcpy")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -36,8 +37,10 @@ def test_a_tiny_run_reports_every_figure(tmp_path, capsys):
     # every path the run drove moved pages, and the disk one moved all of them
     assert r["paths"]["disk_to_host"]["pages"] == r["transfer_pages"]
     assert r["paths"]["host_to_device"]["pages"] == r["transfer_pages"]
+    # write-through: every page the fill inserted was backed up to the host, and that was timed
+    assert r["device_to_host_vs_memcpy"] == r["device_to_host_gbps"] / r["memcpy_d2h_gbps"]
     table = capsys.readouterr().out
-    assert "match+insert ms" in table and "disk->device / load" in table
+    assert "match+insert ms" in table and "disk->device / load" in table and "device->host / memcpy" in table
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,6 +13,7 @@ checked byte for byte after its timer stops. Timing targets are reported, never 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import mmap
 import multiprocessing
@@ -90,6 +91,7 @@ class StoreBenchConfig:
     keep_dir: Path | None = None
     show_progress: bool = True
     seal_key: Path | None = None  # a key file: also time a sealed store, side by side with the unsealed one
+    device: str = "cpu"  # where the store's pages are put from and loaded into (cuda: device memory)
 
     def __post_init__(self) -> None:
         if isinstance(self.kv_source, str):
@@ -107,6 +109,15 @@ class StoreBenchConfig:
         if self.dtype not in valid_dtypes:
             valid = ", ".join(valid_dtypes)
             raise ValueError(f"unknown dtype {self.dtype!r}; valid dtypes: {valid}")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:  # torch's error for a name it does not know
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda (cuda:N), got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device}: this torch sees no CUDA device")
+        self.device = str(device)
         if self.keep_dir is not None:
             self.keep_dir = Path(self.keep_dir)
             if self.keep_dir.exists() and (not self.keep_dir.is_dir() or any(self.keep_dir.iterdir())):
@@ -228,8 +239,20 @@ def _rotated(items: list, by: int) -> list:
     return items[by:] + items[:by]
 
 
+def _synchronized(device: torch.device, step: Callable[[range], None]) -> Callable[[range], None]:
+    """``step``, then a wait for the device's queued copies (so a timer stops when the bytes are there)."""
+    if device.type != "cuda":
+        return step
+
+    def run(b: range) -> None:
+        step(b)
+        torch.cuda.synchronize(device)
+    return run
+
+
 def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: list[PageRef]) -> dict:
-    """Save and load through the store, and write and read the same pages as plain files."""
+    """Save and load through the store, and write and read the same pages as plain files. The
+    store's pages come from and go to ``cfg.device``; the plain files' from and to host memory."""
     identity, workers, n = cfg.identity, cfg.workers, len(refs)
     store_dir, raw_dirs = work / "store", {"raw": work / "raw-pool", "raw_1stream": work / "raw-1stream"}
     for d in raw_dirs.values():
@@ -238,6 +261,8 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
     page_bytes = [page_tensor_bytes(p) for p in pages]
     batches = [range(i, min(i + cfg.batch_pages, n)) for i in range(0, n, cfg.batch_pages)]
     logical = n * identity.page_size_bytes
+    device = torch.device(cfg.device)
+    store_pages = pages.to(device) if device.type != "cpu" else pages  # what the store puts and loads
     writes, reads = _Timers(), _Timers()
     load_average = os.getloadavg()[0]  # other work on a shared machine skews every figure
 
@@ -250,10 +275,11 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
     reader_pool = ThreadPoolExecutor(max_workers=read_threads, thread_name_prefix="bench-raw-read")
     try:
         def put_into(target: ChunkStore, b: range) -> None:
-            result = target.put([refs[i] for i in b], [pages[i] for i in b])
+            result = target.put([refs[i] for i in b], [store_pages[i] for i in b])
             if not result.ok or len(result.stored) != len(b):
                 raise RuntimeError(f"the store did not write every page: {result.failed or result.deduplicated}")
 
+        @functools.partial(_synchronized, device)
         def put(b: range) -> None:
             put_into(store, b)
 
@@ -266,7 +292,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
 
         write_steps = [("store", put), ("raw", write_pool), ("raw_1stream", write_1stream)]
         if sealed is not None:
-            write_steps.append(("sealed", lambda b: put_into(sealed, b)))
+            write_steps.append(("sealed", _synchronized(device, lambda b: put_into(sealed, b))))
         with _progress(cfg, n, "write", "page") as bar:
             for k, b in enumerate(batches):
                 for name, step in _rotated(write_steps, k):
@@ -277,15 +303,18 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         aead = _aead_rates(store_dir) if sealed is not None else {}
 
         # Loads go into one preallocated batch of destinations, touched first so page faults
-        # are not timed; each phase is verified (untimed) before the next overwrites it.
-        dest = torch.zeros((cfg.batch_pages, *identity.page_shape), dtype=pages.dtype)
-        dest_bytes = [page_tensor_bytes(d) for d in dest]
+        # are not timed; each phase is verified (untimed) before the next overwrites it. The
+        # store loads into ``cfg.device``, the plain reads into host memory (the same tensor on a CPU).
+        host_dest = torch.zeros((cfg.batch_pages, *identity.page_shape), dtype=pages.dtype)
+        dest_bytes = [page_tensor_bytes(d) for d in host_dest]
+        dest = host_dest if device.type == "cpu" else torch.zeros_like(host_dest, device=device)
 
         def get_from(source: ChunkStore, b: range) -> None:
             hits = source.get_into([refs[i] for i in b], list(dest[: len(b)]))
             if not all(hits):
                 raise RuntimeError(f"the store missed {hits.count(False)} of {len(b)} pages it holds")
 
+        @functools.partial(_synchronized, device)
         def get(b: range) -> None:
             get_from(store, b)
 
@@ -304,15 +333,18 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         cold_method = make_cold([*files_under(store_dir), *sealed_files, *raw_path["raw"], *raw_path["raw_1stream"]])
         read_steps = [("store", get), ("raw", read_pool), ("raw_1stream", read_1stream)]
         if sealed is not None:
-            read_steps.append(("sealed", lambda b: get_from(sealed, b)))
+            read_steps.append(("sealed", _synchronized(device, lambda b: get_from(sealed, b))))
         if hasattr(os, "O_DIRECT"):  # O_DIRECT reads the disk whatever the page cache holds
             read_steps.append(("raw_direct", read_direct))
         with _progress(cfg, n, "read", "page") as bar:
             for k, b in enumerate(batches):
                 for name, step in _rotated(read_steps, k):
-                    dest.view(torch.uint8).fill_(0xA5)  # a step that loads nothing cannot pass
+                    into = dest if name in ("store", "sealed") else host_dest
+                    into.view(torch.uint8).fill_(0xA5)  # a step that loads nothing cannot pass
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
                     reads.timed(name, lambda: step(b))
-                    if not same_bytes(dest[: len(b)], pages[b.start : b.stop]):
+                    if not same_bytes(into[: len(b)], pages[b.start : b.stop]):
                         raise RuntimeError(f"{name} loaded bytes that differ from the pages written")
                 bar.update(len(b))
     finally:
@@ -340,6 +372,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
         "raw_write_cpu_s_per_gb": writes.cpu_s_per_gb("raw", logical),
         "raw_read_cpu_s_per_gb": reads.cpu_s_per_gb("raw", logical),
         "load_average_1m": load_average,
+        "device": str(store_pages.device),  # where the store's pages were put from and loaded into
         "read_threads": read_threads,
         "cold_method": cold_method,
         "raw_bytes": stats.raw_bytes,
@@ -616,7 +649,7 @@ def format_table(r: dict) -> str:
     shape = "x".join(str(d) for d in r["page_shape"])
     head = (f"chunkstore bench store: {r['num_pages']} pages of {shape} {r['dtype']} "
             f"({r['page_size_bytes'] / MIB:.2f} MiB each, {r['num_pages'] * r['page_size_bytes'] / MIB:.0f} MiB), "
-            f"{r['kv_source']} KV, codec {r['codec']}, {w} write threads, {r['read_threads']} read threads, batches of {r['batch_pages']}, "
+            f"{r['kv_source']} KV on {r['device']}, codec {r['codec']}, {w} write threads, {r['read_threads']} read threads, batches of {r['batch_pages']}, "
             f"cold reads: {r['cold_method']}, load average {r['load_average_1m']:.1f}")
     lines = [head, "", *table_lines(rows, value_width=9, target_width=8)]
     if r["cold_method"] == "none":
@@ -661,6 +694,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seal-key", metavar="PATH", type=Path, default=None,
                         help="a key file (chunkstore keys new): also time a sealed store beside the unsealed one, "
                              "and AES-256-GCM alone on the same bytes")
+    parser.add_argument("--device", default=d.device,
+                        help="where the store's pages are put from and loaded into: cpu, or cuda for device "
+                             "memory (the plain-file baselines stay in host memory) (default cpu)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
 
@@ -671,7 +707,7 @@ def config_from_args(args: argparse.Namespace) -> StoreBenchConfig:
         size_mb=args.size_mb, num_layers=args.layers, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
         page_size=args.page_size, dtype=args.dtype, kv_source=args.kv_source, num_workers=args.workers,
         batch_pages=args.batch_pages, index_rows=args.index_rows, seed=args.seed, codec=args.codec,
-        keep_dir=args.keep, show_progress=not args.no_progress, seal_key=args.seal_key,
+        keep_dir=args.keep, show_progress=not args.no_progress, seal_key=args.seal_key, device=args.device,
     )
 
 

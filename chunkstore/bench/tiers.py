@@ -180,17 +180,21 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
     config = CacheConfig(page_size=cfg.page_size, device_size=f"{batch}pages", host_size=f"{batch * n}pages",
                          disk_path=work / "store", write_policy="write_through")
     batch_bytes = batch * page_bytes
-    h2d, memcpy, d2d, load = [], [], [], []
+    h2d, memcpy, memcpy_d2h, d2d, load = [], [], [], [], []
     with TieredCache.open(config, identity) as cache:
         cache.wait_prefaulted()  # the steady state: pools mapped, as the copy baseline's dst is
         with _progress(cfg, n, "fill") as bar:
             for i in range(n):
                 _fill(cache, prompts[i:i + 1], pages[i * batch:(i + 1) * batch], batch)
                 bar.update()
+        backups = cache.stats().paths["device_to_host"]  # write-through: each inserted page copied to the host
         # The device holds the last prompt; the host holds all. Loading prompt i evicts the device.
         dst = torch.empty_like(cache.device_pool.buffer[:batch])
         src = cache.host_pool.buffer
         dst.copy_(src[:batch])  # touch every page of dst: first-touch page faults are not a copy's cost
+        # The plain copy the cache's backups compare with: device pages into pinned host memory (as the host pool's).
+        d2h_dst = torch.empty_like(src[:batch], pin_memory=cache.host_pool.is_pinned)
+        d2h_dst.copy_(dst)
         with _progress(cfg, n - 1, "host->device") as bar:
             for i in range(n - 1):
                 h2d.append(_timed_match(cache, prompts[i], pages[i * batch:(i + 1) * batch], "host"))
@@ -199,6 +203,11 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
                 if dst.device.type == "cuda":
                     torch.cuda.synchronize(dst.device)
                 memcpy.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                d2h_dst.copy_(dst, non_blocking=False)
+                if dst.device.type == "cuda":
+                    torch.cuda.synchronize(dst.device)
+                memcpy_d2h.append(time.perf_counter() - t0)
                 bar.update()
         cache.flush()
     store_files = files_under(work / "store")
@@ -223,6 +232,9 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
     return {
         "host_to_device_gbps": batch_bytes * len(h2d) / sum(h2d) / GB,
         "memcpy_gbps": batch_bytes * len(memcpy) / sum(memcpy) / GB,
+        # Each backup's own time, from its start on the cache's copy thread to the pages landing.
+        "device_to_host_gbps": backups.gbps,
+        "memcpy_d2h_gbps": batch_bytes * len(memcpy_d2h) / sum(memcpy_d2h) / GB,
         "disk_to_device_gbps": batch_bytes * len(d2d) / sum(d2d) / GB,
         "load_gbps": batch_bytes * len(load) / sum(load) / GB,
         "cold_method": cold_method,
@@ -253,6 +265,7 @@ def run_tiers_bench(cfg: TiersBenchConfig) -> dict:
         "match_page_size": cfg.match_page_size,
         **transfers,
         "host_to_device_vs_memcpy": transfers["host_to_device_gbps"] / transfers["memcpy_gbps"],
+        "device_to_host_vs_memcpy": transfers["device_to_host_gbps"] / transfers["memcpy_d2h_gbps"],
         "disk_to_device_vs_load": transfers["disk_to_device_gbps"] / transfers["load_gbps"],
         "page_shape": list(cfg.identity(cfg.page_size).page_shape),
         "dtype": cfg.dtype,
@@ -279,6 +292,9 @@ def format_table(r: dict) -> str:
         ("host->device GB/s (match, load-back)", f"{r['host_to_device_gbps']:.2f}", "", ""),
         ("memcpy GB/s (plain tensor copy)", f"{r['memcpy_gbps']:.2f}", "", ""),
         ("host->device / memcpy", f"{r['host_to_device_vs_memcpy']:.2f}", *verdict("host_to_device_vs_memcpy")),
+        ("device->host GB/s (write-through backups)", f"{r['device_to_host_gbps']:.2f}", "", ""),
+        ("memcpy GB/s (plain copy into pinned memory)", f"{r['memcpy_d2h_gbps']:.2f}", "", ""),
+        ("device->host / memcpy", f"{r['device_to_host_vs_memcpy']:.2f}", "", ""),
         ("disk->device GB/s (match after restart)", f"{r['disk_to_device_gbps']:.2f}", "", ""),
         ("store load GB/s (get_into)", f"{r['load_gbps']:.2f}", "", ""),
         ("disk->device / load", f"{r['disk_to_device_vs_load']:.2f}", *verdict("disk_to_device_vs_load")),
