@@ -327,7 +327,7 @@ def test_an_unreachable_server_is_a_clear_failure(capsys):
     (["--url", "http://127.0.0.1:9", "--configs", "device"], "with --url only no-cache and server run"),
     (["--url", "ftp://x"], "--url must look like http://"),
     (["--num-rounds", "40", "--request-length", "200"], "the model allows 4096"),
-    (["--preset", "huge"], "unknown preset 'huge'; presets: tiny, small"),
+    (["--preset", "huge"], "unknown preset 'huge'; presets: tiny, small, llama-1b"),
     (["--model", "/no/such/model"], "--model /no/such/model: no such folder"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
     (["--device-size", "12 parsecs"], "not a size: '12 parsecs'"),

@@ -428,7 +428,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"requests per second across all clients, Poisson (default {w.request_rate:g}: a "
                              f"client's next turn comes some seconds after its reply, as a person's does; inf "
                              f"sends at once, before the reply's pages can be published)")
-    parser.add_argument("--preset", default=d.preset, help=f"built-in model: tiny, small (default {d.preset})")
+    parser.add_argument("--preset", default=d.preset, help=f"built-in model: tiny, small, llama-1b (default {d.preset})")
     parser.add_argument("--page-size", type=int, default=d.page_size, help=f"tokens per page (default {d.page_size})")
     parser.add_argument("--device-pages", type=int, default=d.device_pages,
                         help=f"each server's device pool, in pages (default {d.device_pages})")

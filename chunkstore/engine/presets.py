@@ -69,6 +69,9 @@ PRESETS: dict[str, Preset] = {
                max_positions=4096, description="tests: ~0.4M parameters, a 1k-token prefill in tens of ms on a CPU"),
         Preset("small", num_layers=8, hidden_size=512, intermediate_size=1536, num_heads=8, num_kv_heads=2,
                max_positions=8192, description="benchmarks: ~25M parameters, 8 KiB of fp32 KV per token"),
+        Preset("llama-1b", num_layers=16, hidden_size=2048, intermediate_size=8192, num_heads=32, num_kv_heads=8,
+               max_positions=8192, description="GPU benchmarks: Llama-3.2-1B's shape with the byte vocabulary, "
+                                               "~0.97B parameters, 32 KiB of bf16 KV per token"),
     )
 }
 

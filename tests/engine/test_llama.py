@@ -24,7 +24,24 @@ def _pair(name: str, seed: int = 3):
     return ours, theirs
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+CPU_PRESETS = ("tiny", "small")  # llama-1b is checked by its shape below: 4 GB of fp32 weights, twice, is a GPU's job
+
+
+def test_every_preset_but_the_gpu_one_is_compared_with_transformers():
+    assert set(PRESETS) - set(CPU_PRESETS) == {"llama-1b"}
+
+
+def test_the_gpu_preset_has_llama_3_2_1b_shape():
+    preset = PRESETS["llama-1b"]
+    with torch.device("meta"):  # shapes only: no weights drawn
+        model = TransformersLlama(preset.llama_config())
+    num_params = sum(p.numel() for p in model.parameters())
+    assert 0.95e9 < num_params < 1.0e9  # Llama-3.2-1B's 1.24B less its 128k-token embeddings
+    kv_bytes_per_token = preset.num_layers * 2 * preset.num_kv_heads * preset.head_dim * 2  # bf16
+    assert (preset.head_dim, kv_bytes_per_token) == (64, 32 * 1024)
+
+
+@pytest.mark.parametrize("name", CPU_PRESETS)
 def test_prefill_and_continuation_match_transformers(name):
     ours, theirs = _pair(name)
     ids = torch.randint(0, 250, (1, 150), generator=torch.Generator().manual_seed(1))
