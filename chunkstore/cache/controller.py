@@ -254,7 +254,13 @@ class TierController:
         stream = self._streams[path]
         if stream is not None and ready is not None:
             stream.wait_event(ready)
-        return src.copy_to(dst, src_slots, dst_slots, non_blocking=stream is not None, stream=stream)
+        try:
+            return src.copy_to(dst, src_slots, dst_slots, non_blocking=stream is not None, stream=stream)
+        except BaseException:
+            if stream is not None:
+                # A copy may be queued before the failure: its slots are freed once this fails.
+                stream.synchronize()
+            raise
 
     def _backup(self, op: BackupOp) -> Iterator[Ack]:
         start = time.perf_counter()

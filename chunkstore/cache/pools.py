@@ -210,6 +210,8 @@ class PagePool:
             # write): the copy must not start before it.
             stream.wait_stream(torch.cuda.current_stream(stream.device))
             ctx = torch.cuda.stream(stream)
+        elif uses_cuda:  # the current stream of the pools' GPU, not of whichever GPU is current
+            ctx = torch.cuda.device(self.device if self.device.type == "cuda" else other.device)
         with ctx:
             pages = self._gather(src, other)
             other._scatter(dst, pages, non_blocking)

@@ -241,4 +241,4 @@ def _as_slots(slots: Slots | None, num_pages: int, name: str) -> torch.Tensor | 
         raise TypeError(f"{name} must be a 1-D int64 tensor, got {slots.dtype} of shape {tuple(slots.shape)}")
     if len(slots) != num_pages:
         raise ValueError(f"{name} has {len(slots)} slots for {num_pages} pages (one per full page)")
-    return slots
+    return slots.to("cpu")  # the tree keeps slot numbers on the CPU, whatever device they came from

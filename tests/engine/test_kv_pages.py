@@ -12,13 +12,14 @@ from tests.helpers.engine import PAGE_SIZE, random_ids
 def model_kv(loaded, num_tokens: int):
     kv = new_kv_cache()
     with torch.inference_mode():
-        forward(loaded.model, torch.tensor([random_ids(num_tokens, seed=11)]), kv, start_position=0)
+        forward(loaded.model, torch.tensor([random_ids(num_tokens, seed=11)], device=loaded.device), kv,
+                start_position=0)
     return kv
 
 
 def empty_pool(loaded, num_pages: int) -> torch.Tensor:
     shape = (num_pages, loaded.num_layers, 2, PAGE_SIZE, loaded.num_kv_heads, loaded.head_dim)
-    return torch.full(shape, float("nan"), dtype=loaded.dtype)
+    return torch.full(shape, float("nan"), dtype=loaded.dtype, device=loaded.device)  # the device pool's place
 
 
 def test_store_pages_layout_is_page_first(tiny):
@@ -61,4 +62,4 @@ def test_misuse_is_refused(tiny):
     with pytest.raises(ValueError, match="pool holds"):
         store_pages(buffer.to(torch.bfloat16), torch.tensor([0]), kv, first_page=0)
     with pytest.raises(ValueError, match="starts at position 0"):
-        forward(tiny.model, torch.tensor([[1]]), kv, start_position=0)
+        forward(tiny.model, torch.tensor([[1]], device=tiny.device), kv, start_position=0)
