@@ -54,12 +54,19 @@ def test_the_tests_outcome_comes_from_pytests_own_junit_file(tmp_path):
     junit = tmp_path / "tests.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--junitxml", str(junit),
                     str(tmp_path / "test_some.py")], cwd=tmp_path, capture_output=True)
-    assert _report("tests", str(junit), str(tmp_path / "tests.json")).returncode == 0
+    again = tmp_path / "again.xml"
+    again.write_bytes(junit.read_bytes())
+    assert _report("tests", str(tmp_path / "tests.json"), str(junit)).returncode == 0
     result = json.loads((tmp_path / "tests.json").read_text())
     assert (result["passed"], result["failed"], result["errors"], result["skipped"]) == (1, 1, 0, 1)
     assert {c["test"].split("::")[-1]: c["outcome"] for c in result["not_passed"]} == {
         "test_bad": "failed", "test_skipped": "skipped"}
-    assert not junit.exists()
+    assert result["runs_without_report"] == [] and not junit.exists()
+    # Two runs add up; one killed before the end of its session wrote no file: named, and exit 1.
+    assert _report("tests", str(tmp_path / "tests.json"), str(again), str(tmp_path / "killed.xml")).returncode == 1
+    result = json.loads((tmp_path / "tests.json").read_text())
+    assert result["passed"] == 1 and result["runs_without_report"] == ["killed.xml"]
+
 
 
 def test_the_summary_computes_the_gpu_targets_and_names_a_missing_figure(tmp_path):

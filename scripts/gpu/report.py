@@ -2,7 +2,7 @@
 summary of every step with the GPU run's targets computed from the benchmarks' own figures.
 
     report.py environment OUT/environment.json [--wheels DIR]   exit 1 when chunkstore does not import
-    report.py tests JUNIT_XML OUT/tests.json                     the XML is removed once read
+    report.py tests OUT/tests.json JUNIT_XML...                  the XML files are removed once read
     report.py summary OUT STEPS_FILE [--check]                   --check: exit 1 when a step failed or
                                                                  its JSON lacks a figure the summary reads
 Only the standard library is imported at the top, so a machine missing packages still gets a report.
@@ -86,30 +86,34 @@ def environment(out: Path, wheels: Path | None) -> int:
     return 1 if failed else 0
 
 
-def tests(junit: Path, out: Path) -> int:
-    """pytest's JUnit XML as JSON: counts, and each failed, errored or skipped test with its message."""
-    if not junit.is_file():
-        out.write_text(json.dumps({"error": f"pytest wrote no {junit.name}"}) + "\n")
-        return 1
-    root = ET.parse(junit).getroot()
+def tests(out: Path, junits: list[Path]) -> int:
+    """pytest's JUnit XML files (one per pytest run) as one JSON: counts, seconds, each failed,
+    errored or skipped test with its message, and the runs that wrote no file (killed before the
+    end of their session)."""
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-    cases = []
-    for case in root.iter("testcase"):
-        outcome, message = "passed", ""
-        for tag, name in (("failure", "failed"), ("error", "errors"), ("skipped", "skipped")):
-            found = case.find(tag)
-            if found is not None:
-                outcome, message = name, (found.get("message") or "")[:500]
-                break
-        counts[outcome] += 1
-        if outcome != "passed":
-            cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                          "message": message})
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    result = {**counts, "seconds": float(suite.get("time", 0)) if suite is not None else None, "not_passed": cases}
+    cases, seconds, missing = [], 0.0, []
+    for junit in junits:
+        if not junit.is_file():
+            missing.append(junit.name)
+            continue
+        root = ET.parse(junit).getroot()
+        for case in root.iter("testcase"):
+            outcome, message = "passed", ""
+            for tag, name in (("failure", "failed"), ("error", "errors"), ("skipped", "skipped")):
+                found = case.find(tag)
+                if found is not None:
+                    outcome, message = name, (found.get("message") or "")[:500]
+                    break
+            counts[outcome] += 1
+            if outcome != "passed":
+                cases.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                              "message": message})
+        for suite in root.iter("testsuite"):
+            seconds += float(suite.get("time", 0))
+        junit.unlink()
+    result = {**counts, "seconds": round(seconds, 1), "runs_without_report": missing, "not_passed": cases}
     out.write_text(json.dumps(result, indent=2) + "\n")
-    junit.unlink()
-    return 0
+    return 1 if missing else 0
 
 
 def _dig(data: dict, path: tuple[str, ...]):
@@ -149,6 +153,7 @@ def summary(out: Path, steps_file: Path, check: bool) -> int:
     if t is not None and "failed" in t:
         bad = t["failed"] + t["errors"]
         targets["cuda_tests_pass"] = {"value": bad, "target": "== 0 failed", "pass": bad == 0}
+        problems += [f"pytest wrote no {name} (killed before its session ended)" for name in t["runs_without_report"]]
     figures = {step: {k: data[step].get(k) for k in keys} for step, keys in FIGURES.items() if data[step] is not None}
     if data["multiturn"] is not None:
         figures["multiturn"] = {r["name"]: {k: r.get(k) for k in RUN_FIGURES} for r in data["multiturn"].get("runs", [])}
@@ -179,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--wheels", type=Path, default=None)
     p = sub.add_parser("tests")
-    p.add_argument("junit", type=Path)
     p.add_argument("out", type=Path)
+    p.add_argument("junits", type=Path, nargs="+")
     p = sub.add_parser("summary")
     p.add_argument("out", type=Path)
     p.add_argument("steps", type=Path)
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "environment":
         return environment(args.out, args.wheels)
     if args.what == "tests":
-        return tests(args.junit, args.out)
+        return tests(args.out, args.junits)
     return summary(args.out, args.steps, args.check)
 
 
