@@ -26,11 +26,15 @@ wheels = _module("wheels")
 
 def test_the_wheels_are_what_the_machine_lacks_at_the_versions_installed_here():
     present = wheels.machine_packages(GPU_SCRIPTS / "machine-packages.txt")
-    needed = wheels.needed("chunkstore", present, "3.12")
+    relied_on: dict[str, str] = {}
+    needed = wheels.needed("chunkstore", present, "3.12", relied_on)
     assert {"zstandard", "sqlalchemy", "alembic", "pydantic", "pydantic-core", "fastapi", "uvicorn",
             "cryptography"} <= set(needed)
     # The machine has these; what only they need (tokenizers, for transformers) is not walked into.
     assert not {"torch", "numpy", "transformers", "xxhash", "tokenizers", "huggingface-hub"} & set(needed)
+    assert "typing-extensions" in present and "typing-extensions" in needed  # carried all the same
+    # What the carried wheels and chunkstore require of the machine's packages, for its check there.
+    assert relied_on["numpy"] == ">=1.24" and relied_on["torch"] == ">=2.4" and "anyio" in relied_on
     from importlib.metadata import version
     assert all(version(name) == v for name, v in needed.items())
 

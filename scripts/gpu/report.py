@@ -51,6 +51,7 @@ def environment(out: Path, wheels: Path | None) -> int:
                  "cpu_count": os.cpu_count(), "pythonpath": os.environ.get("PYTHONPATH", "")}
     if wheels is not None and (wheels / "manifest.json").is_file():
         env["wheels"] = json.loads((wheels / "manifest.json").read_text())
+        env["relied_on_unmet"] = _unmet(env["wheels"].get("relied_on", {}))
     try:
         import torch
 
@@ -84,6 +85,24 @@ def environment(out: Path, wheels: Path | None) -> int:
     for name, error in failed.items():
         print(f"report: import {name} failed: {error}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _unmet(relied_on: dict[str, str]) -> dict[str, dict]:
+    """The machine's packages that the carried wheels rely on, where missing or of a version outside
+    the requirement (the import check says whether it matters)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.specifiers import SpecifierSet
+
+    out = {}
+    for name, spec in relied_on.items():
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            installed = None
+        if installed is None or not SpecifierSet(spec).contains(installed, prereleases=True):
+            out[name] = {"installed": installed, "required": spec}
+    return out
 
 
 def tests(out: Path, junits: list[Path]) -> int:
@@ -159,6 +178,8 @@ def summary(out: Path, steps_file: Path, check: bool) -> int:
         figures["multiturn"] = {r["name"]: {k: r.get(k) for k in RUN_FIGURES} for r in data["multiturn"].get("runs", [])}
         figures["multiturn_model"] = data["multiturn"].get("model")
     env = data["environment"] or {}
+    problems += [f"the machine's {name} is {v['installed']}, the wheels want {v['required']}"
+                 for name, v in env.get("relied_on_unmet", {}).items()]
     result = {
         "device": (env.get("gpu") or {}).get("name") or "cpu",
         "torch": env.get("torch"),

@@ -39,10 +39,19 @@ def marker_environment(python_version: str) -> dict[str, str]:
             "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
 
 
-def needed(root: str, present: set[str], python_version: str) -> dict[str, str]:
-    """{name: version installed here} of every package ``root`` needs that the machine lacks.
-    Raises PackageNotFoundError when a needed package is not installed here."""
+# Carried although the machine has them: tiny, and the carried wheels rely on recent releases
+# (pydantic on typing-extensions >= 4.14), which an older image may not have.
+ALWAYS_CARRIED = frozenset({"typing-extensions"})
+
+
+def needed(root: str, present: set[str], python_version: str,
+           relied_on: dict[str, str] | None = None) -> dict[str, str]:
+    """{name: version installed here} of every package ``root`` needs that the machine lacks
+    (or that is in ALWAYS_CARRIED). ``relied_on``, when given, receives each machine package the
+    carried ones require, with their version specifiers joined. Raises PackageNotFoundError when
+    a needed package is not installed here."""
     env = marker_environment(python_version)
+    present = set(present) - ALWAYS_CARRIED
     out: dict[str, str] = {}
     todo, seen = [root], set()
     while todo:
@@ -59,6 +68,9 @@ def needed(root: str, present: set[str], python_version: str) -> dict[str, str]:
                 continue  # an extra's requirement, or one for another platform
             if canonicalize_name(req.name) not in present:
                 todo.append(req.name)
+            elif relied_on is not None:
+                specs = [s for s in (relied_on.get(canonicalize_name(req.name)), str(req.specifier)) if s]
+                relied_on[canonicalize_name(req.name)] = ",".join(dict.fromkeys(",".join(specs).split(",")))
     return out
 
 
@@ -80,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse wheels larger than this in all, MiB (default 48: the working tree that "
                              "travels with them is limited to 64)")
     args = parser.parse_args(argv)
+    relied_on: dict[str, str] = {}
     try:
-        names = needed("chunkstore", machine_packages(args.machine_packages), args.python_version)
+        names = needed("chunkstore", machine_packages(args.machine_packages), args.python_version, relied_on)
     except metadata.PackageNotFoundError as exc:
         print(f"prepare: {exc.args[0]} is not installed here; install the project first "
               "(pip install -e .)", file=sys.stderr)
@@ -101,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             wheels[name] = {"version": str(version), "file": path.name, "size_bytes": path.stat().st_size}
     missing = sorted(set(names) - set(wheels))
     total_mib = sum(w["size_bytes"] for w in wheels.values()) / 2**20
-    manifest = {"python_version": args.python_version, "total_mib": round(total_mib, 2), "wheels": wheels}
+    # What the machine must already have, and in which versions (run.sh's first step checks them there).
+    manifest = {"python_version": args.python_version, "total_mib": round(total_mib, 2), "wheels": wheels,
+                "relied_on": dict(sorted(relied_on.items()))}
     (args.dest / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"prepare: {len(wheels)} wheels, {total_mib:.1f} MiB in {args.dest}: "
           + ", ".join(f"{n}=={w['version']}" for n, w in wheels.items()))
