@@ -167,6 +167,16 @@ def _timed_match(cache: TieredCache, tokens: list[int], expected: torch.Tensor, 
     return seconds
 
 
+def _timed_copy(dst: torch.Tensor, src: torch.Tensor) -> float:
+    """Seconds of one plain ``dst.copy_(src)``, until the bytes have landed."""
+    t0 = time.perf_counter()
+    dst.copy_(src, non_blocking=False)
+    for t in (dst, src):
+        if t.device.type == "cuda":
+            torch.cuda.synchronize(t.device)
+    return time.perf_counter() - t0
+
+
 def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
     """host->device and disk->device through ``match``, with a plain copy and the store's load of
     the same bytes as baselines."""
@@ -198,16 +208,8 @@ def measure_transfers(cfg: TiersBenchConfig, work: Path) -> dict:
         with _progress(cfg, n - 1, "host->device") as bar:
             for i in range(n - 1):
                 h2d.append(_timed_match(cache, prompts[i], pages[i * batch:(i + 1) * batch], "host"))
-                t0 = time.perf_counter()
-                dst.copy_(src[i * batch:(i + 1) * batch], non_blocking=False)
-                if dst.device.type == "cuda":
-                    torch.cuda.synchronize(dst.device)
-                memcpy.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                d2h_dst.copy_(dst, non_blocking=False)
-                if dst.device.type == "cuda":
-                    torch.cuda.synchronize(dst.device)
-                memcpy_d2h.append(time.perf_counter() - t0)
+                memcpy.append(_timed_copy(dst, src[i * batch:(i + 1) * batch]))
+                memcpy_d2h.append(_timed_copy(d2h_dst, dst))
                 bar.update()
         cache.flush()
     store_files = files_under(work / "store")

@@ -72,13 +72,13 @@ def environment(out: Path, wheels: Path | None) -> int:
         except Exception:
             failed[name] = traceback.format_exc(limit=-3).strip().splitlines()[-1]
     env["imports_failed"] = failed
+    from importlib.metadata import PackageNotFoundError, version
+
     versions = {}
     for dist in ("transformers", "numpy", "zstandard", "sqlalchemy", "pydantic", "fastapi", "cryptography", "xxhash"):
         try:
-            from importlib.metadata import version
-
             versions[dist] = version(dist)
-        except Exception:
+        except PackageNotFoundError:
             versions[dist] = None
     env["packages"] = versions
     out.write_text(json.dumps(env, indent=2) + "\n")
