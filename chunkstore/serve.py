@@ -16,6 +16,7 @@ model, the store or the address cannot be used.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -173,6 +174,16 @@ def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     sock = bind(settings.host, settings.port)
     print(f"chunkstore serve: {url_of(sock)} model {settings.model_name!r} "
           f"({engine.loaded.model_id}, {engine.loaded.device}), data in {_data_folder(engine, cache_config)}", flush=True)
+    freeze_startup_heap()
     serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s,
                        limits=ConnectionLimits.of(settings))
     return 0
+
+
+def freeze_startup_heap() -> None:
+    """Keep what start-up built (the model, the engine, the app: about 310,000 objects on the
+    default preset) out of the cyclic garbage collector's passes. A full collection visits every
+    tracked object: 90 ms of CPU here, holding the GIL, so every request in flight stalled for it.
+    Objects made later are collected as before."""
+    gc.collect()
+    gc.freeze()

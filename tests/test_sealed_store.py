@@ -21,7 +21,7 @@ from chunkstore.disk.keyring import SEAL_META
 from chunkstore.disk.payloads import PayloadsUnavailable
 from chunkstore.disk.seal_keys import (ENV_KEY, EnvKeyProvider, FileKeyProvider, MasterKey, SealKeyError, key_text,
                                        seal_key_provider, write_key_file)
-from chunkstore.disk.sealing import PREAMBLE_BYTES, SEAL_MAGIC
+from chunkstore.disk.sealing import PREAMBLE_BYTES, SEAL_MAGIC, AuthenticationError, NamespaceKeys, open_sealed, seal
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import TINY, kv_pages
 from tests.helpers.corruption import chunk_bytes
@@ -141,6 +141,29 @@ def test_a_sealed_chunk_shows_only_magic_version_key_id_and_nonce(sealed):
     key_id = bytes.fromhex(store.namespace_keys()[0].key_id)
     assert data[10:18] == key_id
     assert b"tenant-a" not in data and b"CSKVCHNK" not in data  # the namespace and the inner header are sealed
+
+
+def test_a_chunk_opened_in_place_is_the_same_and_a_flipped_bit_still_fails():
+    """A load decrypts in its own read buffer (no second buffer for the plain chunk): the chunk it
+    gets is the one a separate buffer gets, the ciphertext is gone from the buffer, a read-only
+    payload opens into a buffer of its own, and a damaged one fails in place as anywhere."""
+    keys = NamespaceKeys.generate("tenant-a")
+    name, binding = os.urandom(32), os.urandom(32)
+    chunk = os.urandom(300_000)
+    segments, size = seal(keys, name, binding, [chunk[:1000], chunk[1000:]])
+    payload = b"".join(bytes(s) for s in segments)
+    assert len(payload) == size
+    assert bytes(open_sealed(keys, name, binding, payload)) == chunk
+    buffer = bytearray(payload)
+    opened = open_sealed(keys, name, binding, memoryview(buffer), in_place=True)
+    assert bytes(opened) == chunk
+    assert buffer[PREAMBLE_BYTES:PREAMBLE_BYTES + len(chunk)] == chunk  # decrypted where it lay
+    read_only = open_sealed(keys, name, binding, payload, in_place=True)  # bytes: never written
+    assert bytes(read_only) == chunk and payload == b"".join(bytes(s) for s in segments)
+    damaged = bytearray(payload)
+    damaged[PREAMBLE_BYTES + 5000] ^= 1
+    with pytest.raises(AuthenticationError):
+        open_sealed(keys, name, binding, memoryview(damaged), in_place=True)
 
 
 # -- forgeries --------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from chunkstore.bench.common import (
     MIB,
     Target,
     files_under,
+    frozen_heap,
     make_cold,
     record_targets,
     table_lines,
@@ -535,7 +536,8 @@ def run_store_bench(cfg: StoreBenchConfig) -> dict:
             pages = phases.timed("generate", lambda: make_pages(cfg.kv_source, identity, cfg.num_pages, cfg.seed,
                                                                 on_page=lambda: bar.update()))
         refs = _page_refs(identity, cfg.num_pages, cfg.seed)
-        io = phases.timed("io", lambda: _measure_io(cfg, work, pages, refs))
+        with frozen_heap():
+            io = phases.timed("io", lambda: _measure_io(cfg, work, pages, refs))
         with _progress(cfg, len(pages), "entropy", "page") as bar:
             entropies = phases.timed("entropy", lambda: plane_entropies_bits(pages, identity.itemsize,
                                                                               on_page=lambda: bar.update()))
