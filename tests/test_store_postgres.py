@@ -142,6 +142,32 @@ def test_one_statement_lookups_leave_the_pool_transactional(postgres_url):
         index.close()
 
 
+def test_buffered_hits_are_written_in_one_statement_over_arrays(postgres_url):
+    """A request's hits are one UPDATE whatever their number (a statement per row was the most
+    frequent one a fleet sent): each row's count grows by its hits and its access time moves
+    forward only, and a key whose row is gone changes nothing."""
+    from sqlalchemy import event
+
+    keys = [bytes([i]) * 32 for i in range(1, 41)]
+    index = ChunkIndex(postgres_url)
+    sent: list[tuple[str, bool]] = []
+    try:
+        index.insert([ChunkRow(k, b"\0" * 32, "ns", 4, 10, 10, 1.0, 100.0) for k in keys])
+        event.listen(index.engine, "before_cursor_execute",
+                     lambda conn, cursor, statement, params, context, many: sent.append((statement, many)))
+        index.touch(keys, now=50.0)  # earlier than the rows' access time: only the counts move
+        index.touch(keys[:10], now=200.0)
+        index.touch([bytes([99]) * 32], now=300.0)  # no such row
+        index.flush()
+        updates = [(stmt, many) for stmt, many in sent if stmt.lstrip().upper().startswith("UPDATE CHUNKS")]
+        assert len(updates) == 1 and not updates[0][1]
+        rows = index.rows(keys)
+        assert [rows[k].hit_count for k in keys] == [2] * 10 + [1] * 30
+        assert [rows[k].last_access_at for k in keys] == [200.0] * 10 + [100.0] * 30
+    finally:
+        index.close()
+
+
 def test_a_write_chosen_as_a_deadlocks_victim_runs_again(postgres_url):
     """Two servers' transactions that lock the same rows in opposite orders deadlock, and
     PostgreSQL rolls one back. Here the index is that one: its delete first writes a buffered

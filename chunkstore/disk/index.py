@@ -351,7 +351,7 @@ class ChunkIndex:
         return sorted(out, key=lambda u: u.namespace)
 
     def stored_bytes(self, namespace: str | None = None) -> int:
-        with self.engine.connect() as conn:
+        with self._autocommit.connect() as conn:  # one statement: no BEGIN, no ROLLBACK (a put asks up to three times)
             stmt = select(func.coalesce(func.sum(namespace_usage.c.stored_bytes), 0))
             if namespace is not None:
                 stmt = stmt.where(namespace_usage.c.namespace == namespace)
@@ -803,12 +803,9 @@ class ChunkIndex:
     def _flush_in(self, conn: Connection, touches: dict[bytes, tuple[int, float]],
                   counts: Counter[tuple[str, str]]) -> None:
         if touches:
-            stmt = (update(chunks).where(chunks.c.key == bindparam("k"))
-                    .values(hit_count=chunks.c.hit_count + bindparam("n"),
-                            last_access_at=self._greater(chunks.c.last_access_at, bindparam("t"))))
             # In key order (and counters in name order): two servers' transactions then take these
             # rows' locks in one order; what still conflicts is run again (_retried_on_conflict).
-            conn.execute(stmt, [{"k": k, "n": n, "t": t} for k, (n, t) in sorted(touches.items())])
+            self.dialect.touch(conn, [(k, n, t) for k, (n, t) in sorted(touches.items())])
         if counts:
             stmt = self._insert(counters).values(namespace=bindparam("ns"), name=bindparam("nm"),
                                                   value=bindparam("v"))
