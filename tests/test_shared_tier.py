@@ -162,6 +162,32 @@ def test_eviction_across_servers_deletes_rows_then_objects(open_server, identity
     assert a.lapsed_claims(now=time.time() + 3600) == []  # the evictor released its claims
 
 
+def test_a_bounded_put_that_must_evict_makes_room_for_the_next_ones(open_server, identity):
+    """The fleet's bounded puts pass one evictor lock: a put that must evict frees room for more
+    puts than its own (a sixteenth of the capacity here), so the next ones plan and delete
+    nothing under the lock, and the tier never holds more than its capacity."""
+    a = open_server("a")
+    for c in range(16):
+        assert a.put(chain_pages(identity, list(range(c * 100, c * 100 + identity.page_size * 4))),
+                     kv_pages(identity, 4)).ok
+    capacity = a.stored_bytes()  # full: 64 pages
+    per_page = capacity // 64
+    b = open_server("b", capacity_bytes=capacity)
+
+    def put_one(first_token: int) -> None:
+        assert b.put(chain_pages(identity, list(range(first_token, first_token + identity.page_size))),
+                     kv_pages(identity, 1)).ok
+        assert b.stored_bytes() <= capacity
+
+    put_one(10_000)
+    evicted = b.stats().evictions
+    assert evicted >= 1 + 3  # its own page's room, and about four pages' more (a sixteenth of 64)
+    assert capacity - b.stored_bytes() >= 3 * per_page
+    for first in (20_000, 30_000, 40_000):
+        put_one(first)
+    assert b.stats().evictions == evicted  # they found room: no plan, no delete
+
+
 def _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url, **kwargs):
     """Server a's six pages on the tier; server b, bounded to eight pages of the whole tier, with
     payloads whose deletes a test can hook; and the six pages b is to put (two of a's must go)."""

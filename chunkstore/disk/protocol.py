@@ -224,9 +224,15 @@ class StoreProtocol:
             with self.index.evictor_lock():  # a shared tier: one evictor at a time, fleet-wide
                 excess = self.index.stored_bytes(namespace) + need - limit
                 if excess > 0:
-                    selection = EvictionSelection(namespace=namespace, bytes_to_free=excess)
+                    ahead = self.evict_ahead_bytes(need, limit)
+                    selection = EvictionSelection(namespace=namespace, bytes_to_free=excess + ahead)
                     self.drop(self.plan(selection, protect).victims)
         return self.index.stored_bytes(namespace) + need <= limit
+
+    def evict_ahead_bytes(self, need: int, limit: int) -> int:
+        """What a put that must evict frees beyond its own ``need`` under ``limit`` (a folder's:
+        nothing; its evictor lock is the process's own)."""
+        return 0
 
     def count_failed(self, todo: Todo, keys: Sequence[bytes], result: PutResult, why: str) -> None:
         for k in keys:

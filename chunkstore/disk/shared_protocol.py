@@ -48,6 +48,13 @@ SWEEP_GRACE_S = 600.0
 # claim is of one page per write worker, so every upload thread starts after one short round trip,
 # and its last commit this small, so little of the commit is left once the uploads end.
 COMMIT_TAIL_PAGES = 32
+# A bounded put that must evict frees room for about this many more puts of its size (at most a
+# sixteenth of the capacity or quota, and nothing ahead for a put bigger than that), so most of
+# the fleet's bounded puts find room: they still
+# hold the one evictor lock from their room check to their row commit, but no longer plan an
+# eviction and delete its rows under it, which was most of the lock's hold time.
+EVICT_AHEAD_PUTS = 8
+EVICT_AHEAD_MAX_SHARE = 1 / 16
 
 
 class SharedProtocol(StoreProtocol):
@@ -143,6 +150,12 @@ class SharedProtocol(StoreProtocol):
         if self.store.capacity_bytes is not None:
             return True
         return any(quota is not None for quota in quotas.values())
+
+    def evict_ahead_bytes(self, need: int, limit: int) -> int:
+        """Nothing for a put as big as a sixteenth of the limit (a small quota's: freeing part of a
+        page's worth ahead would cost a whole page)."""
+        most = int(limit * EVICT_AHEAD_MAX_SHARE)
+        return min(EVICT_AHEAD_PUTS * need, most) if need <= most else 0
 
     def publish(self, todo: Todo, written, result: PutResult,
                 quotas: dict[str, int | None] | None = None) -> list[bytes]:
