@@ -172,9 +172,9 @@ def _serve(engine, settings: ServerSettings, cache_config: CacheConfig) -> int:
     except ValueError as exc:  # no admin token to be had, or it is also a tenant's key
         raise _Exit(f"cannot start the management API: {exc}") from None
     sock = bind(settings.host, settings.port)
+    freeze_startup_heap()
     print(f"chunkstore serve: {url_of(sock)} model {settings.model_name!r} "
           f"({engine.loaded.model_id}, {engine.loaded.device}), data in {_data_folder(engine, cache_config)}", flush=True)
-    freeze_startup_heap()
     serve_until_signal(app, sock, log_level=settings.log_level, grace_s=settings.shutdown_timeout_s,
                        limits=ConnectionLimits.of(settings))
     return 0

@@ -50,9 +50,9 @@ SWEEP_GRACE_S = 600.0
 COMMIT_TAIL_PAGES = 32
 # A bounded put that must evict frees room for about this many more puts of its size (at most a
 # sixteenth of the capacity or quota, and nothing ahead for a put bigger than that), so most of
-# the fleet's bounded puts find room: they still
-# hold the one evictor lock from their room check to their row commit, but no longer plan an
-# eviction and delete its rows under it, which was most of the lock's hold time.
+# the fleet's bounded puts find room: they still hold the one evictor lock from their room check
+# to their row commit, but no longer plan an eviction and delete its rows under it, which was
+# most of the lock's hold time.
 EVICT_AHEAD_PUTS = 8
 EVICT_AHEAD_MAX_SHARE = 1 / 16
 
