@@ -351,7 +351,7 @@ class ChunkIndex:
         return sorted(out, key=lambda u: u.namespace)
 
     def stored_bytes(self, namespace: str | None = None) -> int:
-        with self._autocommit.connect() as conn:  # one statement: no BEGIN, no ROLLBACK (a put asks thrice)
+        with self._autocommit.connect() as conn:  # one statement: no BEGIN, no ROLLBACK (up to three a put)
             stmt = select(func.coalesce(func.sum(namespace_usage.c.stored_bytes), 0))
             if namespace is not None:
                 stmt = stmt.where(namespace_usage.c.namespace == namespace)
