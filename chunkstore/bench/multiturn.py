@@ -433,8 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"are ASCII words of our own, not SGLang's samples, so the same seed sends other text)")
     parser.add_argument("--configs", default=None,
                         help="configurations to run, comma-separated (default: all five; with --url: server)")
-    parser.add_argument("--preset", default="small", help="built-in model when --model is not given: tiny, small, llama-1b (sized for a GPU) "
-                                                           "(default small)")
+    parser.add_argument("--preset", default="small",
+                        help="built-in model when --model is not given: tiny, small, llama-1b (sized for a GPU) "
+                             "(default small)")
     parser.add_argument("--model", type=Path, default=None, metavar="PATH",
                         help="a local Hugging Face model folder (default: the preset)")
     parser.add_argument("--dtype", default="float32", help="model and KV dtype (default float32)")

@@ -13,7 +13,6 @@ checked byte for byte after its timer stops. Timing targets are reported, never 
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import mmap
 import multiprocessing
@@ -280,9 +279,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
             if not result.ok or len(result.stored) != len(b):
                 raise RuntimeError(f"the store did not write every page: {result.failed or result.deduplicated}")
 
-        @functools.partial(_synchronized, device)
-        def put(b: range) -> None:
-            put_into(store, b)
+        put = _synchronized(device, lambda b: put_into(store, b))
 
         def write_pool(b: range) -> None:
             list(pool.map(lambda i: raw_write(raw_path["raw"][i], page_bytes[i]), b))
@@ -315,9 +312,7 @@ def _measure_io(cfg: StoreBenchConfig, work: Path, pages: torch.Tensor, refs: li
             if not all(hits):
                 raise RuntimeError(f"the store missed {hits.count(False)} of {len(b)} pages it holds")
 
-        @functools.partial(_synchronized, device)
-        def get(b: range) -> None:
-            get_from(store, b)
+        get = _synchronized(device, lambda b: get_from(store, b))
 
         def read_pool(b: range) -> None:
             list(reader_pool.map(lambda j: raw_read_into(raw_path["raw"][b[j]], dest_bytes[j]), range(len(b))))
