@@ -164,3 +164,34 @@ def test_servers_opening_a_fresh_database_at_once_migrate_it_once(pgbouncer_url)
     finally:
         for index in opened:
             index.close()
+
+
+def test_stats_histories_on_one_database_work_through_the_pooler(pgbouncer_url, tmp_path):
+    """The management API's own connections (its stats history) prepare nothing either: two
+    processes' histories of one store (a server's API and the CLI, say), each statement well past
+    psycopg's threshold, meet on the pooler's server sessions."""
+    from chunkstore.api.history import COLUMNS, HistoryTable
+    from chunkstore.api.history_db import HistoryDatabase
+    from chunkstore.disk.store import ChunkStore
+    from tests.helpers import TINY
+
+    with ChunkStore(tmp_path / "store", TINY, index_url=pgbouncer_url) as store:
+        tables = [HistoryTable(1000), HistoryTable(1000)]
+        try:
+            written = 0
+            for i in range(12):
+                for table in tables:
+                    batch = [{**dict.fromkeys(COLUMNS), "sampled_at": float(written + j), "uptime_s": 1.0}
+                             for j in range(8)]  # a rebuild's carry-over: many rows in one statement
+                    table.append(store, batch)
+                    written += len(batch)
+                    assert [r["sampled_at"] for r in table.read(store)] == [float(t) for t in range(written)]
+        finally:
+            for table in tables:
+                table.close()
+    db = HistoryDatabase(pgbouncer_url)  # what makes it so, whatever SQLAlchemy's pool does
+    try:
+        with db.engine.connect() as conn:
+            assert conn.connection.driver_connection.prepare_threshold is None
+    finally:
+        db.close()

@@ -36,7 +36,13 @@ class HistoryDatabase:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.engine: Engine = create_engine(url, pool_size=2, max_overflow=2, pool_pre_ping=True)
+        # On PostgreSQL no statement is prepared server-side (psycopg's prepare_threshold None): a
+        # sample a minute gains nothing from it, and behind a transaction pooler (PgBouncer) two
+        # connections' prepares meet on one server session and fail. The disk tier's own engine
+        # turns them off only where it finds a pooler.
+        postgres = url.startswith("postgresql")
+        self.engine: Engine = create_engine(url, pool_size=2, max_overflow=2, pool_pre_ping=True,
+                                            connect_args={"prepare_threshold": None} if postgres else {})
         self.is_sqlite = self.engine.dialect.name == "sqlite"
         if self.is_sqlite:
             event.listen(self.engine, "connect", _busy_timeout)
