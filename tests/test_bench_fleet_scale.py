@@ -11,6 +11,7 @@ import json
 import pytest
 
 from chunkstore.bench import fleet as bench
+from chunkstore.bench import fleet_rows
 from chunkstore.bench.fleet_sizing import fit_line
 from chunkstore.bench.fleet_trace import TraceConfig, schedule, tokens
 
@@ -90,6 +91,16 @@ def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, po
     assert "stmts/1k req" in capsys.readouterr().out
 
 
+def test_the_index_sizes_lookups_alternate_and_each_size_gets_all_of_its_own():
+    sizes = ["100k", "1M", "10M"]
+    turns = list(fleet_rows._rounds(sizes, 501))
+    assert len(turns) == fleet_rows.LOOKUP_ROUNDS * len(sizes)
+    for size in sizes:
+        assert sum(n for s, n in turns if s == size) == 501
+    firsts = [turns[r * len(sizes)][0] for r in range(fleet_rows.LOOKUP_ROUNDS)]
+    assert set(firsts) == set(sizes)  # no size always goes first, straight after the loads
+
+
 @pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 def test_a_bulk_loaded_index_reports_lookups_plans_and_its_size(tmp_path, capsys, postgres_server):
     out = tmp_path / "rows.json"
@@ -102,6 +113,8 @@ def test_a_bulk_loaded_index_reports_lookups_plans_and_its_size(tmp_path, capsys
     assert 0 < point["in_buffers_lookup_ms"]["p50"] <= point["in_buffers_lookup_ms"]["p99"]
     assert r["in_buffers_lookup_p50_largest_vs_smallest"] == 1.0  # one size: its own ratio
     assert "shared_buffers=128MB" in r["setting"]  # 4k rows fit PostgreSQL's default
+    assert r["huge_pages_in_use_bytes"] is None or r["huge_pages_in_use_bytes"] >= 0
     assert 0 < point["indexes_bytes"] < point["table_bytes"] <= point["database_bytes"]
     assert set(r["targets"]) == {"lookup_p50_largest_vs_smallest", "plan_s_largest"}
     assert "lookup p50 / p99 ms" in capsys.readouterr().out
+
