@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +19,7 @@ from chunkstore.bench import fleet as bench
 from chunkstore.bench import fleet_rows
 from chunkstore.bench.fleet_sizing import fit_line
 from chunkstore.bench.fleet_trace import TraceConfig, schedule, tokens
+from tests.helpers.server import REPO
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -118,3 +124,47 @@ def test_a_bulk_loaded_index_reports_lookups_plans_and_its_size(tmp_path, capsys
     assert set(r["targets"]) == {"lookup_p50_largest_vs_smallest", "plan_s_largest"}
     assert "lookup p50 / p99 ms" in capsys.readouterr().out
 
+
+def _descendants(pid: int) -> dict[int, list[str]]:
+    """The processes under ``pid`` (children, theirs, ...), each with its command line."""
+    parents, cmdlines = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdlines[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes().decode().split("\0")
+        except (OSError, IndexError):  # gone meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    out, frontier = {}, {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier and child not in out}
+        out.update((child, cmdlines[child]) for child in frontier)
+    return out
+
+
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
+def test_a_benchmark_stopped_by_sigterm_stops_its_database_and_deletes_its_folders(tmp_path, postgres_server):
+    """As Ctrl-C does: the PostgreSQL server the benchmark started is stopped, nothing of it is left."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "chunkstore", "bench", "fleet", "--index-rows", "10M"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        for line in proc.stderr:  # the 100k rows' database is loaded: its server is up
+            if "1,000,000 rows" in line:
+                break
+        started = _descendants(proc.pid)
+        (data_dir,) = [cmd[cmd.index("-D") + 1] for cmd in started.values() if "-D" in cmd]
+        assert Path(data_dir).is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:  # (an assertion failed first)
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    assert alive == [] and not Path(data_dir).exists()
+    assert list(tmp_path.iterdir()) == []

@@ -1,8 +1,9 @@
 """What the benchmarks share: decimal units, reported (never asserted) targets, cold page caches,
-and a heap the garbage collector leaves alone while work is timed.
+a heap the garbage collector leaves alone while work is timed, and an orderly end on SIGTERM.
 
 Invariants: throughputs are decimal GB/s of logical (uncompressed) bytes; a target is reported
-with its measured value and verdict, and only ``--strict`` turns a miss into an exit code.
+with its measured value and verdict, and only ``--strict`` turns a miss into an exit code; a
+benchmark stopped by SIGTERM or Ctrl-C stops the servers it started and deletes their folders.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +106,8 @@ def run_bench(args, prog: str, configure, measure, format_table, *, failures: tu
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        result = measure(cfg)
+        with exit_on_sigterm():
+            result = measure(cfg)
     except failures as exc:
         print(f"{prog}: {failed}: {exc}", file=sys.stderr)
         return 1
@@ -111,6 +115,27 @@ def run_bench(args, prog: str, configure, measure, format_table, *, failures: tu
     if finish is not None and (code := finish(result)):
         return code
     return 1 if args.strict and not result["all_pass"] else 0
+
+
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """In the block, SIGTERM raises SystemExit(143) in the main thread, as Ctrl-C raises
+    KeyboardInterrupt: the ``with`` blocks unwind, so the servers a benchmark started (PostgreSQL,
+    radosgw, simulated servers) are stopped by their PIDs and their folders deleted. Python's
+    default ends the process where it stands and leaves them running, with gigabytes in /tmp.
+    Elsewhere than the main thread the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from chunkstore.bench.common import files_under, make_cold
+from chunkstore.bench.common import exit_on_sigterm, files_under, make_cold
 from chunkstore.bench.contention import ForwardCost, store_cpu_s
 from chunkstore.bench.multiturn_report import bounds, format_table, summarize_run, targets, write_plot
 from chunkstore.bench.workload import Conversation, Reply, Send, Workload, drive
@@ -499,7 +499,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"chunkstore bench multiturn: error: {exc}", file=sys.stderr)
         return 2
     try:
-        result = run_multiturn_bench(cfg)
+        with exit_on_sigterm():
+            result = run_multiturn_bench(cfg)
     except ValueError as exc:  # the loaded model cannot hold the workload, a size holds no page
         print(f"chunkstore bench multiturn: error: {exc}", file=sys.stderr)
         return 2

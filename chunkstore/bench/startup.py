@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from chunkstore.bench.common import Target, record_targets, table_lines, verdict, verdict_line
+from chunkstore.bench.common import Target, exit_on_sigterm, record_targets, table_lines, verdict, verdict_line
 from chunkstore.output import add_output_arguments, check_output_path, emit_result
 
 BASELINE_CODE = "import torch, transformers"
@@ -176,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"chunkstore bench startup: error: {exc}", file=sys.stderr)
         return 2
     try:
-        result = run_startup_bench(cfg)
+        with exit_on_sigterm():
+            result = run_startup_bench(cfg)
     except (StartupError, subprocess.TimeoutExpired) as exc:
         print(f"chunkstore bench startup: {exc}", file=sys.stderr)
         return 1
