@@ -179,7 +179,7 @@ def test_stats_histories_on_one_database_work_through_the_pooler(pgbouncer_url, 
         tables = [HistoryTable(1000), HistoryTable(1000)]
         try:
             written = 0
-            for i in range(12):
+            for _ in range(12):
                 for table in tables:
                     batch = [{**dict.fromkeys(COLUMNS), "sampled_at": float(written + j), "uptime_s": 1.0}
                              for j in range(8)]  # a rebuild's carry-over: many rows in one statement

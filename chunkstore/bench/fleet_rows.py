@@ -25,9 +25,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from chunkstore.bench.common import Row, Target, record_targets, table_lines, verdict, verdict_line
 
@@ -43,6 +44,7 @@ _COLUMNS = (("key", "bytea"), ("parent_key", "bytea"), ("namespace", "text"), ("
             ("raw_bytes", "int8"), ("stored_bytes", "int8"), ("created_at", "float8"),
             ("last_access_at", "float8"), ("hit_count", "int8"), ("pinned", "bool"))
 ROOT_KEY = b"\0" * 32
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +183,7 @@ def measure_plans(store, rows: int, cfg: RowsConfig) -> dict:
     return {"plan_chunks": planned, "plan_s": statistics.median(plan_s), "plan_s_all": plan_s}
 
 
-def _rounds(sizes: list[_Size], total: int):
+def lookup_rounds(sizes: Sequence[T], total: int) -> Iterator[tuple[T, int]]:
     """(size, lookups) in LOOKUP_ROUNDS rounds, every size in each, the order turned a step each
     round: what the machine's speed does meanwhile falls on every size alike."""
     for r in range(LOOKUP_ROUNDS):
@@ -193,17 +195,17 @@ def _rounds(sizes: list[_Size], total: int):
 def measure_lookups(sizes: list[_Size], cfg: RowsConfig) -> None:
     """Lookups of random whole chains (every key a hit), then the same chains again; then, every
     index read into PostgreSQL's buffers, lookups of other random chains; each in rounds over
-    the sizes (``_rounds``)."""
+    the sizes (``lookup_rounds``)."""
     for size in sizes:
         for keys in size.random_chains(20, cfg.chain_pages):  # the store's pool connected
             size.store.longest_prefix(keys)
-    for size, n in _rounds(sizes, cfg.lookups):
+    for size, n in lookup_rounds(sizes, cfg.lookups):
         chains = size.random_chains(n, cfg.chain_pages)
         size.lookup_s += _timed_lookups(size.store, chains)
         size.warm_s += _timed_lookups(size.store, chains)  # the same chains again: their pages in the buffers
     for size in sizes:
         prewarm_indexes(size.url)
-    for size, n in _rounds(sizes, cfg.lookups):
+    for size, n in lookup_rounds(sizes, cfg.lookups):
         size.in_buffers_s += _timed_lookups(size.store, size.random_chains(n, cfg.chain_pages))
 
 
