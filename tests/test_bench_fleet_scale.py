@@ -17,7 +17,7 @@ import pytest
 
 from chunkstore.bench import fleet as bench
 from chunkstore.bench import fleet_rows
-from chunkstore.bench.fleet_sizing import fit_line
+from chunkstore.bench.fleet_sizing import fit_line, servers_by_lock
 from chunkstore.bench.fleet_trace import TraceConfig, schedule, tokens
 from tests.helpers.server import REPO
 
@@ -44,6 +44,50 @@ def test_the_trace_sends_a_conversations_next_round_to_the_next_server():
             before, said = tokens(cfg, rounds[-2])
             assert prompt[:len(before) + len(said)] == before + said
         assert len(prompt) == rounds[-1].round * 80 + 64 and len(answer) == 16
+
+
+def test_the_evictor_lock_bounds_the_fleet_whatever_the_databases_cores():
+    assert servers_by_lock(1.0, 0.010) == 70  # held 10 ms a request: 70 requests a second at 70%
+    assert servers_by_lock(5.0, 0.010) == 14
+    assert servers_by_lock(1.0, 0.0) is None  # an unbounded tier never takes it
+
+
+def test_the_activity_sampler_sees_the_evictor_lock_held_and_waited_for(postgres_url):
+    """What the lock's figures are read from: a server holding the evictor lock for a second, a
+    second server waiting for it meanwhile."""
+    import threading
+    import time
+
+    from sqlalchemy.engine import make_url
+
+    from chunkstore.bench.fleet_probes import ActivitySampler
+    from chunkstore.disk.index import ChunkIndex
+
+    database = make_url(postgres_url).database
+    holder, waiter = ChunkIndex(postgres_url), ChunkIndex(postgres_url)
+
+    def wait_for_it():
+        with waiter.evictor_lock():
+            pass
+
+    try:
+        idle = ActivitySampler(postgres_url, database)
+        idle.start()
+        time.sleep(0.5)
+        before = idle.stop()
+        sampler = ActivitySampler(postgres_url, database)
+        sampler.start()
+        with holder.evictor_lock():
+            waiting = threading.Thread(target=wait_for_it)
+            waiting.start()
+            time.sleep(1.0)
+        waiting.join(timeout=30)
+        during = sampler.stop()
+    finally:
+        holder.close()
+        waiter.close()
+    assert before.samples >= 2 and before.held_share == 0 and before.waiting_share == 0
+    assert during.samples >= 5 and during.held_share >= 0.5 and during.waiting_share >= 0.4
 
 
 def test_the_models_line_is_fitted_by_relative_error():
@@ -86,12 +130,15 @@ def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, po
         assert p["db_cpu_s"] >= 0 and p["statements_per_1000_requests"] > 0 and p["top_statements"]
         assert p["connections"]["max"] >= p["servers"]  # each server its own pool
         assert 0 <= p["evictor_lock"]["waiting_share"] <= 1 and p["evictor_lock"]["samples"] > 0
+        assert 0 <= p["evictor_lock"]["held_share"] <= 1 and p["evictor_lock"]["held_s_per_request"] >= 0
         assert p["bucket_requests_per_request"] is None or p["bucket_requests_per_request"] > 0
         assert 0 < p["machine_busy_share"] <= 1
     model = r["model"]
     assert set(model["fitted_on_servers"]) <= {1, 4} and len(model["checks"]) == 2
     assert model["statements_per_request"] > 0 and model["db_cpu_s_per_request"] >= 0
     assert model["servers_per_database"] and all(set(c["error"]) <= set(c["measured"]) for c in model["checks"])
+    assert model["evictor_lock_from_servers"] in (1, 4) and model["evictor_lock_s_per_request"] >= 0
+    assert all(n is None or n >= 0 for n in model["servers_by_evictor_lock"].values())
     assert {"db_cpu_per_request_largest_vs_smallest", "statements_per_request_largest_vs_smallest",
             "lookup_p99_largest_vs_smallest"} <= set(r["targets"])
     assert "stmts/1k req" in capsys.readouterr().out

@@ -95,12 +95,13 @@ class ActivitySummary:
     mean_connections: float
     waiting_share: float  # of samples, those with a session waiting for the evictor lock
     mean_waiting: float  # sessions waiting for it, on average
+    held_share: float  # of samples, those with the evictor lock held: its utilisation
 
 
 class ActivitySampler:
-    """Samples pg_stat_activity of one database every SAMPLE_EVERY_S on a thread of its own: the
-    sessions open and those waiting for an advisory lock (the evictor's: the only advisory lock
-    a running tier takes)."""
+    """Samples pg_stat_activity and pg_locks of one database every SAMPLE_EVERY_S on a thread of
+    its own: the sessions open, those waiting for an advisory lock, and whether one is held (the
+    evictor's: the only advisory lock a running tier takes)."""
 
     def __init__(self, admin_url: str, database: str):
         import psycopg
@@ -110,7 +111,7 @@ class ActivitySampler:
         self._conn = psycopg.connect(host=url.host, port=url.port, user=url.username, dbname="postgres",
                                      autocommit=True, prepare_threshold=None)
         self.database = database
-        self._samples: list[tuple[int, int]] = []
+        self._samples: list[tuple[int, int, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-activity", daemon=True)
 
@@ -118,20 +119,23 @@ class ActivitySampler:
         self._thread.start()
 
     def _run(self) -> None:
-        query = (f"SELECT count(*), count(*) FILTER (WHERE {ADVISORY_WAIT}) FROM pg_stat_activity "
-                 "WHERE datname = %s")
+        query = (f"SELECT count(*), count(*) FILTER (WHERE {ADVISORY_WAIT}), "
+                 "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                 " AND database = (SELECT oid FROM pg_database WHERE datname = %s)) "
+                 "FROM pg_stat_activity WHERE datname = %s")
         while not self._stop.wait(SAMPLE_EVERY_S):
-            self._samples.append(self._conn.execute(query, [self.database]).fetchone())
+            self._samples.append(self._conn.execute(query, [self.database, self.database]).fetchone())
 
     def stop(self) -> ActivitySummary:
         self._stop.set()
         self._thread.join()
         self._conn.close()
-        s = self._samples or [(0, 0)]
-        return ActivitySummary(samples=len(self._samples), max_connections=max(c for c, _ in s),
-                               mean_connections=sum(c for c, _ in s) / len(s),
-                               waiting_share=sum(1 for _, w in s if w) / len(s),
-                               mean_waiting=sum(w for _, w in s) / len(s))
+        s = self._samples or [(0, 0, 0)]
+        return ActivitySummary(samples=len(self._samples), max_connections=max(c for c, _, _ in s),
+                               mean_connections=sum(c for c, _, _ in s) / len(s),
+                               waiting_share=sum(1 for _, w, _ in s if w) / len(s),
+                               mean_waiting=sum(w for _, w, _ in s) / len(s),
+                               held_share=sum(1 for _, _, h in s if h) / len(s))
 
 
 def rgw_counters(gateway) -> dict | None:

@@ -296,7 +296,9 @@ def summarize(servers: int, cfg: ScaleConfig, trace: TraceConfig, results: list[
                              + after.servers_cpu_s - before.servers_cpu_s) / max(after.total_s - before.total_s, 1e-9),
         "connections": {"max": activity.max_connections, "mean": activity.mean_connections},
         "evictor_lock": {"waiting_share": activity.waiting_share, "mean_waiting": activity.mean_waiting,
-                         "samples": activity.samples},
+                         "held_share": activity.held_share, "samples": activity.samples,
+                         # seconds the fleet's one lock is held per request (its utilisation / requests/s)
+                         "held_s_per_request": per_request(activity.held_share * window_s)},
         "local_copy": {"hits": sum(c["hits"] for c in copies), "misses": sum(c["misses"] for c in copies)},
     }
 
@@ -338,7 +340,7 @@ def format_scale_table(result: dict) -> str:
         return "-" if value is None else format(value, spec)
 
     header = ("N", "req/s", "lookup p50/p99 ms", "load p50/p99 ms", "publish p50/p99 ms", "db CPU s/1k req",
-              "stmts/1k req", "bucket req/req", "conns", "lock wait", "dedup", "busy (fleet)")
+              "stmts/1k req", "bucket req/req", "conns", "lock held/wait", "dedup", "busy (fleet)")
     lines = [result["setting"], "", "  ".join(header)]
     for p in result["points"]:
         lines.append("  ".join([
@@ -348,7 +350,8 @@ def format_scale_table(result: dict) -> str:
             f"{num(p['publish_ms']['p50'], '.1f')}/{num(p['publish_ms']['p99'], '.1f')}",
             f"{p['db_cpu_s_per_1000_requests']:.2f}", f"{p['statements_per_1000_requests']:.0f}",
             num(p["bucket_requests_per_request"]), f"{p['connections']['max']}",
-            f"{p['evictor_lock']['waiting_share']:.0%}", f"{p['pages_deduplicated']}",
+            f"{p['evictor_lock']['held_share']:.0%}/{p['evictor_lock']['waiting_share']:.0%}",
+            f"{p['pages_deduplicated']}",
             f"{p['machine_busy_share']:.0%} ({p['bench_busy_share']:.0%})"]))
     model = result["model"]
     fitted = ",".join(map(str, model["fitted_on_servers"]))
@@ -357,6 +360,11 @@ def format_scale_table(result: dict) -> str:
             ("  database cores, fixed", f"{model['db_fixed_cores']:.3f}", "", ""),
             ("  statements per request (fixed per s)", f"{model['statements_per_request']:.1f}",
              f"({model['statements_fixed_per_s']:.1f})", "")]
+    if model["evictor_lock_s_per_request"] > 0:
+        bound = ", ".join(f"{n} at {rate}" for rate, n in model["servers_by_evictor_lock"].items())
+        rows.append((f"  evictor lock held per request (N={model['evictor_lock_from_servers']}), ms",
+                     f"{model['evictor_lock_s_per_request'] * 1e3:.2f}", "", ""))
+        rows.append((f"  servers it serves, held {model['utilization']:.0%}", bound, "", ""))
     for check in model["checks"]:
         errors = ", ".join(f"{k} {v:+.0%}" for k, v in check["error"].items())
         rows.append((f"  N={check['servers']}{' (saturated)' if check['saturated'] else ''}: predicted vs measured",

@@ -2,8 +2,10 @@
 database's CPU and statements are a fixed part (its own upkeep: autovacuum, checkpoints) plus a
 part per request, fitted as a line over the fleet sizes that did not saturate the machine (by
 relative error, what each N is checked by); the bucket's requests follow from the workload's
-pages. The model predicts what N servers at a request rate cost, and each N measured checks it.
-Docs: FLEET.md, "Sizing".
+pages; a bounded tier's evictor lock, which the fleet's puts pass one at a time, is held for a
+time per request (the largest unsaturated fleet's: small fleets' tiers are too small to evict
+ahead), which bounds the fleet whatever the database's cores. The model predicts what N servers
+at a request rate cost, and each N measured checks it. Docs: FLEET.md, "Sizing".
 
 Invariants: the model is linear in requests (nothing in a request's cost grows with the fleet:
 the per-request targets below test that); a prediction uses the requests/s each N actually served
@@ -88,6 +90,8 @@ def sizing_model(points: list[dict], rate_per_server: float) -> dict:
         checks.append({"servers": p["servers"], "requests_per_s": rate, "saturated": is_saturated(p),
                        "measured": measured, "predicted": predicted, "error": errors})
     usable = [c for c in checks if not c["saturated"]] or checks
+    lock_from = max(fitted, key=lambda p: p["servers"])
+    lock_s = lock_from["evictor_lock"]["held_s_per_request"]
     return {
         "fitted_on_servers": [p["servers"] for p in fitted],
         "db_fixed_cores": db_fixed, "db_cpu_s_per_request": db_per_request,
@@ -97,7 +101,18 @@ def sizing_model(points: list[dict], rate_per_server: float) -> dict:
         "servers_per_database": {f"{cores} cores": {f"{rate:g}/s": servers_served(cores, rate, db_fixed, db_per_request)
                                                      for rate in EXAMPLE_RATES} for cores in EXAMPLE_CORES},
         "rate_per_server_measured": rate_per_server,
+        "evictor_lock_s_per_request": lock_s, "evictor_lock_from_servers": lock_from["servers"],
+        "servers_by_evictor_lock": {f"{rate:g}/s": servers_by_lock(rate, lock_s) for rate in EXAMPLE_RATES},
     }
+
+
+def servers_by_lock(rate_per_server: float, lock_s_per_request: float) -> int | None:
+    """How many servers at ``rate_per_server`` requests/s a bounded tier's one evictor lock
+    serves, held UTILIZATION of the time, whatever the database's cores: the fleet's bounded puts
+    pass it one at a time. None when no request holds it (an unbounded tier)."""
+    if lock_s_per_request <= 0:
+        return None
+    return math.floor(UTILIZATION / (rate_per_server * lock_s_per_request) + 1e-9)  # (0.7 / 0.05 is 13.999...)
 
 
 def servers_served(cores: float, rate_per_server: float, db_fixed_cores: float, db_cpu_s_per_request: float) -> int | None:
