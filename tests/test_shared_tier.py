@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from chunkstore import ChunkStore, ModelMismatchError, chain_pages
-from chunkstore.disk.index import ChunkIndex
+from chunkstore.disk.index import ChunkIndex, EvictorLockStats
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
 from chunkstore.disk.payloads import PayloadsUnavailable
@@ -186,6 +186,35 @@ def test_a_bounded_put_that_must_evict_makes_room_for_the_next_ones(open_server,
     for first in (20_000, 30_000, 40_000):
         put_one(first)
     assert b.stats().evictions == evicted  # they found room: no plan, no delete
+
+
+def test_a_servers_passes_through_the_evictor_lock_are_counted(open_server, identity, postgres_url):
+    """What a fleet's lock utilisation is read from (each server's stats and /metrics): an
+    unbounded put never takes the lock; a bounded one takes it once, and the time it waited while
+    another server held it is counted."""
+    a = open_server("a")
+    assert a.put(chain_pages(identity, list(range(identity.page_size * 2))), kv_pages(identity, 2)).ok
+    assert a.stats().shared.evictor_lock == EvictorLockStats()  # unbounded: never taken
+    b = open_server("b", capacity_bytes=100 * a.stored_bytes())
+
+    def put_one(first_token: int) -> None:
+        assert b.put(chain_pages(identity, list(range(first_token, first_token + identity.page_size))),
+                     kv_pages(identity, 1)).ok
+
+    put_one(1000)
+    lock = b.stats().shared.evictor_lock
+    assert lock.acquired == 1 and lock.held_s > 0 and lock.waited_s >= 0
+    other = ChunkIndex(postgres_url)  # another server, evicting
+    try:
+        with other.evictor_lock():
+            waiting = threading.Thread(target=put_one, args=(2000,))
+            waiting.start()
+            time.sleep(0.5)
+        waiting.join(timeout=30)
+    finally:
+        other.close()
+    after = b.stats().shared.evictor_lock
+    assert after.acquired == 2 and after.waited_s - lock.waited_s >= 0.4 and after.held_s > lock.held_s
 
 
 def _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url, **kwargs):

@@ -165,6 +165,20 @@ class SnapshotCollector(Collector):
             family.add_metric([], value)
             yield family
         yield from SnapshotCollector._write_health(s.write_health)
+        if s.shared is not None:
+            yield from SnapshotCollector._evictor_lock(s.shared.evictor_lock)
+
+    @staticmethod
+    def _evictor_lock(lock) -> Iterator[Metric]:
+        """A shared tier's evictor lock, this server's passes since it started: the rate of
+        ``held_seconds`` summed over the fleet is the lock's utilisation."""
+        for name, value, doc in (("evictor_lock_acquired", lock.acquired, "times this server took the shared tier's "
+                                  "evictor lock"),
+                                 ("evictor_lock_wait_seconds", lock.waited_s, "seconds this server waited for it"),
+                                 ("evictor_lock_held_seconds", lock.held_s, "seconds this server held it")):
+            family = _counter(name, doc + " (since the server started)")
+            family.add_metric([], value)
+            yield family
 
     @staticmethod
     def _write_health(h) -> Iterator[Metric]:

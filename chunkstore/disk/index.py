@@ -43,9 +43,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from chunkstore.choices import Choice
 from chunkstore.disk import migrations
 # What differs between SQLite and PostgreSQL, and the URL helpers, owned there; importable from here.
-from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, IndexDialect, IndexMissingError, batches, db_files,
-                                          dialect_for, display_url, index_backend, prepare_db_files, release_in,
-                                          row_values, sqlite_path, sqlite_url, unchecked_checkout)
+from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, EvictorLockStats, IndexDialect, IndexMissingError,
+                                          batches, db_files, dialect_for, display_url, index_backend,
+                                          prepare_db_files, release_in, row_values, sqlite_path, sqlite_url,
+                                          unchecked_checkout)
 from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counters, namespace_quotas, namespace_usage,
                                     server_counters, store_meta)
 
@@ -678,6 +679,10 @@ class ChunkIndex:
         commit, and evicts inside). Take ``write_lock`` first when holding both."""
         with self.dialect.evictor_lock(self.engine, self.write_lock, timeout_s):
             yield
+
+    def evictor_lock_stats(self) -> EvictorLockStats:
+        """This process's passes through ``evictor_lock`` (PostgreSQL's; nothing on SQLite)."""
+        return self.dialect.evictor_lock_stats()
 
     @_retried_on_conflict
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:

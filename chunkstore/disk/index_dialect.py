@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,18 @@ _CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serial
 
 # -- the two dialects ---------------------------------------------------------------------------
 
+@dataclass(frozen=True, slots=True)
+class EvictorLockStats:
+    """This process's passes through a shared tier's one evictor lock since it opened the store.
+    The fleet's bounded puts and evictions pass it one at a time, so the rate of ``held_s``
+    summed over the servers is the lock's utilisation, which bounds the fleet whatever the
+    database's cores (docs/FLEET.md, Sizing)."""
+
+    acquired: int = 0  # times this process took it
+    waited_s: float = 0.0  # seconds spent waiting for it
+    held_s: float = 0.0  # seconds this process held it (to its transaction's end)
+
+
 class SqliteDialect:
     """A SQLite file (WAL, synchronous=NORMAL), one writer at a time."""
 
@@ -244,6 +257,9 @@ class SqliteDialect:
         with write_lock:  # the index's one writer is the tier's one evictor
             yield
 
+    def evictor_lock_stats(self) -> EvictorLockStats:
+        return EvictorLockStats()  # no lock across processes: one writer
+
     @staticmethod
     def lost_a_conflict(error: DBAPIError) -> bool:
         """A transaction this database rolled back for another's sake (none on SQLite: one writer)."""
@@ -348,6 +364,8 @@ class PostgresDialect:
         self.name_shown = display_url(url)
         self.behind_pooler = False  # found by ``configure``: server sessions handed out per transaction
         self._evictor = threading.local()  # .held: this thread holds the evictor lock
+        self._lock_times = EvictorLockStats()  # this process's waits for it and holds of it
+        self._lock_times_lock = threading.Lock()
 
     def prepare(self, *, read_only: bool, must_exist: bool) -> None:
         pass  # the database is the server's; its tables are checked once connected
@@ -420,14 +438,31 @@ class PostgresDialect:
         if getattr(self._evictor, "held", False):
             yield
             return
-        with engine.connect() as conn, conn.begin():
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
-            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
-            self._evictor.held = True
-            try:
-                yield
-            finally:
-                self._evictor.held = False
+        waited_s = acquired_at = None
+        try:
+            with engine.connect() as conn, conn.begin():
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
+                began = time.perf_counter()
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
+                acquired_at = time.perf_counter()
+                waited_s = acquired_at - began
+                self._evictor.held = True
+                try:
+                    yield
+                finally:
+                    self._evictor.held = False
+        finally:  # held until the transaction's end released it
+            if acquired_at is not None:
+                self._count_lock(waited_s, time.perf_counter() - acquired_at)
+
+    def _count_lock(self, waited_s: float, held_s: float) -> None:
+        with self._lock_times_lock:
+            t = self._lock_times
+            self._lock_times = EvictorLockStats(t.acquired + 1, t.waited_s + waited_s, t.held_s + held_s)
+
+    def evictor_lock_stats(self) -> EvictorLockStats:
+        """This process's waits for the evictor lock and holds of it, since the index opened."""
+        return self._lock_times
 
     @staticmethod
     def lost_a_conflict(error: DBAPIError) -> bool:

@@ -287,5 +287,6 @@ class SharedProtocol(StoreProtocol):
                                  writer_id=self.writer_id, claims=claims, lapsed_claims=lapsed,
                                  read_health=self.store._reads.health(), server_name=self.index.server_name,
                                  servers=servers, local_copy=self.payloads.local_copy_stats(),
-                                 bucket=listing_of(self.index.get_meta(BUCKET_LISTING_META)))
+                                 bucket=listing_of(self.index.get_meta(BUCKET_LISTING_META)),
+                                 evictor_lock=self.index.evictor_lock_stats())
         return dataclasses.replace(stats, shared=shared)

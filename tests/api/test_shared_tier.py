@@ -66,6 +66,21 @@ def test_stats_show_the_shared_tier_and_every_servers_counts(served):
     # The tier-wide counters are the servers' sums (the admin server has read nothing yet).
     assert disk["hits"] == a["hits"] + b["hits"] and disk["misses"] == a["misses"] + b["misses"]
     assert me["hit_rate"] is None and me["published"] == 0
+    assert shared["evictor_lock"] == {"acquired": 0, "waited_s": 0.0, "held_s": 0.0}  # it has evicted nothing
+
+
+def test_an_eviction_through_the_evictor_lock_shows_in_stats_and_metrics(served):
+    """What an operator watches on a bounded tier: each server's time holding the fleet's one
+    evictor lock, in /stats and as counters in /metrics (their rate over the fleet: its use)."""
+    tier, backend, url, pages, other = served
+    with client(url) as c:
+        assert c.post("/evict", json={"bytes_to_free": 1}).json()["num_chunks"] >= 1
+        lock = c.get("/stats").json()["disk"]["shared_tier"]["evictor_lock"]
+        metrics = c.get("/metrics").text
+    assert lock["acquired"] >= 1 and lock["held_s"] > 0 and lock["waited_s"] >= 0
+    held = [line for line in metrics.splitlines() if line.startswith("chunkstore_evictor_lock_held_seconds_total ")]
+    assert len(held) == 1 and float(held[0].split()[1]) == pytest.approx(lock["held_s"])
+    assert f"chunkstore_evictor_lock_acquired_total {float(lock['acquired'])}" in metrics
 
 
 def test_this_servers_reads_count_at_once_and_a_server_gone_quiet_is_stale(served):

@@ -129,6 +129,20 @@ class BucketListingPublic(BaseModel):
         return cls(objects=b.objects, orphans=b.orphans, listed_at=b.listed_at, listed_by=b.listed_by)
 
 
+class EvictorLockPublic(BaseModel):
+    """This server's passes through the shared tier's one evictor lock since it started. The
+    fleet's bounded puts pass it one at a time: the rate of held_s summed over the servers is the
+    lock's utilisation, which bounds the fleet whatever the database's cores (docs/FLEET.md#sizing)."""
+
+    acquired: int = Field(description="times this server took it (a bounded put, an eviction)")
+    waited_s: float = Field(description="seconds this server spent waiting for it")
+    held_s: float = Field(description="seconds this server held it")
+
+    @classmethod
+    def of(cls, s) -> "EvictorLockPublic":
+        return cls(acquired=s.acquired, waited_s=s.waited_s, held_s=s.held_s)
+
+
 class SharedTierPublic(BaseModel):
     """A shared tier (many servers on one PostgreSQL index and one bucket, docs/FLEET.md) as this
     server sees it; the disk figures beside it are the whole tier's."""
@@ -148,6 +162,8 @@ class SharedTierPublic(BaseModel):
                                                                  "(none when local_cache_size is 0)")
     bucket: BucketListingPublic | None = Field(None, description="the bucket as the last gc sweep listed it "
                                                                  "(none before the first)")
+    evictor_lock: EvictorLockPublic = Field(description="this server's waits for the fleet's one evictor lock and "
+                                                        "holds of it, since it started")
 
     @classmethod
     def of(cls, s: SharedTierStats) -> "SharedTierPublic":
@@ -155,7 +171,8 @@ class SharedTierPublic(BaseModel):
                    claims=s.claims, lapsed_claims=s.lapsed_claims, read_health=WriteHealthPublic.of(s.read_health),
                    servers=[ServerPublic.of(x) for x in s.servers], stale_after_s=SERVER_STALE_S,
                    local_copy=LocalCopyPublic.of(s.local_copy) if s.local_copy is not None else None,
-                   bucket=BucketListingPublic.of(s.bucket) if s.bucket is not None else None)
+                   bucket=BucketListingPublic.of(s.bucket) if s.bucket is not None else None,
+                   evictor_lock=EvictorLockPublic.of(s.evictor_lock))
 
 
 class DiskPublic(BaseModel):

@@ -1,8 +1,8 @@
 // The overview's shared tier (disk.shared_tier of GET /stats: many servers on one PostgreSQL index and one
-// bucket): where the tier is, this server's names in it, the publish claims held and lapsed, the bucket's
-// objects as the last gc listed them, this server's read health, and every server's counts (hits, misses,
-// hit rate, published, last seen; this one first, then the most recently seen). Shown only when the API
-// reports a shared tier; follows the live figures.
+// bucket): where the tier is, this server's names in it, the publish claims held and lapsed, this server's
+// passes through the evictor lock, the bucket's objects as the last gc listed them, this server's read
+// health, and every server's counts (hits, misses, hit rate, published, last seen; this one first, then the
+// most recently seen). Shown only when the API reports a shared tier; follows the live figures.
 
 import {bytes, dl, fill, h, num, pct, seconds, table, when} from "../dom.js";
 
@@ -43,6 +43,14 @@ function bucketObjects(b, takenAt) {
   return `${num(b.objects)}${orphans}, as of ${when(b.listed_at)} (${seconds(age)} ago, by ${b.listed_by})`;
 }
 
+// This server's passes through the fleet's one evictor lock (a bounded tier's puts and every eviction take it
+// one at a time across the fleet): how often, and how long it waited and held it, since it started.
+function evictorLock(lock) {
+  if (!lock.acquired) return "not taken by this server (an unbounded tier's puts never take it)";
+  return `taken ${num(lock.acquired)} time(s) by this server: held ${seconds(lock.held_s)}, `
+    + `waited ${seconds(lock.waited_s)} in all`;
+}
+
 /** The shared tier's section of the overview: ``render(stats)`` shows it (or hides it without a shared tier). */
 export function createSharedTier() {
   const readWarning = h("p", {class: "warning", id: "shared-read-warning", hidden: true});
@@ -75,6 +83,7 @@ export function createSharedTier() {
       ["This server", h("code", {}, shared.server_name)],
       ["Writer id", h("code", {}, shared.writer_id)],
       ["Publish claims", `${num(shared.claims)} held, ${num(shared.lapsed_claims)} lapsed`],
+      ["Evictor lock", evictorLock(shared.evictor_lock)],
       ["Bucket objects", bucketObjects(shared.bucket, st.taken_at)],
       ["Read health", rh.degraded ? `degraded (${num(rh.failures)} failed)`
         : rh.failures ? `OK (${num(rh.failures)} failed before the last success)` : "OK"],
