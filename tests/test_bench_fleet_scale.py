@@ -130,7 +130,10 @@ def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, po
         assert p["db_cpu_s"] >= 0 and p["statements_per_1000_requests"] > 0 and p["top_statements"]
         assert p["connections"]["max"] >= p["servers"]  # each server its own pool
         assert 0 <= p["evictor_lock"]["waiting_share"] <= 1 and p["evictor_lock"]["samples"] > 0
-        assert 0 <= p["evictor_lock"]["held_share"] <= 1 and p["evictor_lock"]["held_s_per_request"] >= 0
+        lock = p["evictor_lock"]
+        assert 0 <= lock["held_share"] <= 1 and lock["held_s_per_request"] >= 0 and lock["sampled_held_s_per_request"] >= 0
+        assert lock["passes_per_request"] > 0 and lock["pass_ms"]["n"] > 0  # a bounded tier: every put passes it
+        assert 0 < lock["pass_ms"]["p50"] <= lock["pass_ms"]["p90"] and lock["waited_s_per_request"] >= 0
         assert p["bucket_requests_per_request"] is None or p["bucket_requests_per_request"] > 0
         assert 0 < p["machine_busy_share"] <= 1
     model = r["model"]

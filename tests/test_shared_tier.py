@@ -215,6 +215,7 @@ def test_a_servers_passes_through_the_evictor_lock_are_counted(open_server, iden
         other.close()
     after = b.stats().shared.evictor_lock
     assert after.acquired == 2 and after.waited_s - lock.waited_s >= 0.4 and after.held_s > lock.held_s
+    assert b.evictor_lock_stats() == after  # the same counts, without a statement
 
 
 def _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url, **kwargs):

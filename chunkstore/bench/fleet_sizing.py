@@ -102,6 +102,7 @@ def sizing_model(points: list[dict], rate_per_server: float) -> dict:
                                                      for rate in EXAMPLE_RATES} for cores in EXAMPLE_CORES},
         "rate_per_server_measured": rate_per_server,
         "evictor_lock_s_per_request": lock_s, "evictor_lock_from_servers": lock_from["servers"],
+        "evictor_lock_pass_ms": lock_from["evictor_lock"]["pass_ms"],
         "servers_by_evictor_lock": {f"{rate:g}/s": servers_by_lock(rate, lock_s) for rate in EXAMPLE_RATES},
     }
 

@@ -46,7 +46,7 @@ from chunkstore.disk.codec import Codec
 from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.files import ChunkFiles, Durability, make_private_dir
 from chunkstore.disk.identity import ModelIdentity
-from chunkstore.disk.index import COUNTER_FLUSH_S, ChunkIndex, ChunkRow, drop_index, sqlite_url
+from chunkstore.disk.index import COUNTER_FLUSH_S, ChunkIndex, ChunkRow, EvictorLockStats, drop_index, sqlite_url
 from chunkstore.disk.index_reads import IndexReads
 from chunkstore.disk.read_only import mutation as _mutation
 from chunkstore.disk.keyring import Sealing, carry_seal_state, open_sealing
@@ -572,3 +572,8 @@ class ChunkStore(NamespaceChecks, IndexReads, EvictionOps, SealOps):
         if self.sealing.is_sealed:
             stats = dataclasses.replace(stats, sealed=True)
         return self._protocol.stats(stats)
+
+    def evictor_lock_stats(self) -> EvictorLockStats:
+        """This process's passes through the index's evictor lock since it opened (``stats``
+        shows them on a shared tier): no statement, so a caller may ask around each put."""
+        return self._index.evictor_lock_stats()
