@@ -302,8 +302,8 @@ def summarize(servers: int, cfg: ScaleConfig, trace: TraceConfig, results: list[
 
 def _lock_figures(measured: list[dict], activity: probes.ActivitySummary, window_s: float) -> dict:
     """The fleet's evictor lock over the measured requests: sampled (held, waited for) and as the
-    servers' stores counted their puts' passes (held seconds per request: the model's; the hold
-    of one pass at p50 and p90, and of the passes that planned an eviction, the longer ones)."""
+    servers' stores counted their puts' passes (held seconds per request: the model's figure; the
+    hold of one pass at p50 and p90: a put that finds room, and one that evicts, holds it longer)."""
     n = len(measured) or 1
     holds = sorted(r["lock_held_s"] for r in measured if r["lock_passes"])
     return {"waiting_share": activity.waiting_share, "mean_waiting": activity.mean_waiting,

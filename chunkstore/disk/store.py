@@ -97,7 +97,7 @@ READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
     "namespace_usage", "quota", "exclusive", "map_workers", "lapsed_claims", "claimed_keys",
-    "namespace_keys",
+    "namespace_keys", "evictor_lock_stats",
 )
 
 
