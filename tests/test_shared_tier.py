@@ -209,12 +209,19 @@ def test_a_servers_passes_through_the_evictor_lock_are_counted(open_server, iden
         with other.evictor_lock():
             waiting = threading.Thread(target=put_one, args=(2000,))
             waiting.start()
+            deadline = time.monotonic() + 30
+            with other.engine.connect() as conn:  # b's put has uploaded its page and waits for the lock
+                while not conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                               "AND wait_event_type = 'Lock' AND wait_event = 'advisory'").scalar():
+                    assert time.monotonic() < deadline, "b's put never waited for the evictor lock"
+                    time.sleep(0.02)
+                    conn.rollback()
             time.sleep(0.5)
         waiting.join(timeout=30)
     finally:
         other.close()
     after = b.stats().shared.evictor_lock
-    assert after.acquired == 2 and after.waited_s - lock.waited_s >= 0.4 and after.held_s > lock.held_s
+    assert after.acquired == 2 and after.waited_s - lock.waited_s >= 0.5 and after.held_s > lock.held_s
     assert b.evictor_lock_stats() == after  # the same counts, without a statement
 
 
