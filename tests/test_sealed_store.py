@@ -143,10 +143,11 @@ def test_a_sealed_chunk_shows_only_magic_version_key_id_and_nonce(sealed):
     assert b"tenant-a" not in data and b"CSKVCHNK" not in data  # the namespace and the inner header are sealed
 
 
-def test_a_chunk_opened_in_place_is_the_same_and_a_flipped_bit_still_fails():
-    """A load decrypts in its own read buffer (no second buffer for the plain chunk): the chunk it
-    gets is the one a separate buffer gets, the ciphertext is gone from the buffer, a read-only
-    payload opens into a buffer of its own, and a damaged one fails in place as anywhere."""
+def test_a_chunk_opens_from_a_writable_read_buffer_and_a_flipped_bit_still_fails():
+    """A load opens the chunk from its own writable read buffer (a memoryview, as a file's read
+    gives it) on every release of cryptography the project allows (51 refuses an output that
+    overlaps the input, so nothing may be decrypted where it lies): the chunk is the one a bytes
+    payload opens to, the buffer keeps its ciphertext, and a damaged payload fails."""
     keys = NamespaceKeys.generate("tenant-a")
     name, binding = os.urandom(32), os.urandom(32)
     chunk = os.urandom(300_000)
@@ -155,15 +156,12 @@ def test_a_chunk_opened_in_place_is_the_same_and_a_flipped_bit_still_fails():
     assert len(payload) == size
     assert bytes(open_sealed(keys, name, binding, payload)) == chunk
     buffer = bytearray(payload)
-    opened = open_sealed(keys, name, binding, memoryview(buffer), in_place=True)
-    assert bytes(opened) == chunk
-    assert buffer[PREAMBLE_BYTES:PREAMBLE_BYTES + len(chunk)] == chunk  # decrypted where it lay
-    read_only = open_sealed(keys, name, binding, payload, in_place=True)  # bytes: never written
-    assert bytes(read_only) == chunk and payload == b"".join(bytes(s) for s in segments)
+    assert bytes(open_sealed(keys, name, binding, memoryview(buffer))) == chunk
+    assert bytes(buffer) == payload
     damaged = bytearray(payload)
     damaged[PREAMBLE_BYTES + 5000] ^= 1
     with pytest.raises(AuthenticationError):
-        open_sealed(keys, name, binding, memoryview(damaged), in_place=True)
+        open_sealed(keys, name, binding, memoryview(damaged))
 
 
 # -- forgeries --------------------------------------------------------------------------------------

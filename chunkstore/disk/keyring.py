@@ -70,8 +70,8 @@ class PlainSealing:
     def seal(self, page: PageRef, segments: list, size: int) -> tuple[list, int]:
         return segments, size
 
-    def open(self, name: bytes, data: memoryview, namespace: str | None = None, *,
-             in_place: bool = False) -> tuple[memoryview, _PlainNames]:
+    def open(self, name: bytes, data: memoryview, namespace: str | None = None
+             ) -> tuple[memoryview, _PlainNames]:
         if is_sealed(data):
             raise CorruptChunkError("a sealed chunk in an unsealed store")
         return data, _PlainNames()
@@ -303,11 +303,10 @@ class Keyring:
                           "not open)")
         return seal(keys, page.key, self.binding, segments)
 
-    def open(self, name: bytes, data: memoryview, namespace: str | None = None, *,
-             in_place: bool = False) -> tuple[memoryview, NamespaceKeys]:
+    def open(self, name: bytes, data: memoryview, namespace: str | None = None
+             ) -> tuple[memoryview, NamespaceKeys]:
         """The chunk file in the sealed payload ``data`` of ``name``, and the keys it opened with
-        (those of ``namespace`` when given, else those its key id names); ``in_place``: decrypted
-        in ``data`` itself, the caller's scratch buffer (``open_sealed``). Raises
+        (those of ``namespace`` when given, else those its key id names). Raises
         AuthenticationError; SealKeyError when the keys' row does not open with this master key
         (then nothing is known of the chunk: a rotated key, or an altered row)."""
         key_id = sealed_key_id(data)
@@ -315,7 +314,7 @@ class Keyring:
         if keys is None:
             raise AuthenticationError(f"sealed under key id {key_id.hex()}, which this store does not hold "
                                       "(a shredded namespace's, or forged)")
-        return open_sealed(keys, name, self.binding, data, in_place=in_place), keys
+        return open_sealed(keys, name, self.binding, data), keys
 
 
 Sealing = PlainSealing | Keyring

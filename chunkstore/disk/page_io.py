@@ -190,11 +190,11 @@ class PageLoader:
     def _decode(self, name: bytes, page: PageRef, out: torch.Tensor, buf: mmap.mmap, view: memoryview) -> FileCheck:
         try:
             if out.device.type == "cpu" and out.is_contiguous():
-                return self.check(name, view, page, page_tensor_bytes(out), scratch=True)
+                return self.check(name, view, page, page_tensor_bytes(out))
             import torch
 
             tmp = torch.empty(self.identity.page_shape, dtype=out.dtype)
-            check = self.check(name, view, page, page_tensor_bytes(tmp), scratch=True)
+            check = self.check(name, view, page, page_tensor_bytes(tmp))
             if check.is_ok:
                 out.copy_(tmp)
             return check
@@ -217,15 +217,14 @@ class PageLoader:
         return self.check(key, data, page, out, row)
 
     def check(self, key: bytes, data: memoryview, page: PageRef | None = None, out: np.ndarray | None = None,
-              row: ChunkRow | None = None, *, scratch: bool = False) -> FileCheck:
+              row: ChunkRow | None = None) -> FileCheck:
         """Verify the payload ``data`` stored under ``key`` (and, given ``page`` or ``row``, that it
         holds what they say), decoding into ``out`` (a scratch buffer when None). In a sealed store
         it must open with the keys of the page's or row's namespace (else those its key id
-        names), and ``key`` must be the stored name of the page it holds. ``scratch``: ``data`` is
-        the caller's to overwrite (a read buffer): a sealed chunk is decrypted in it."""
+        names), and ``key`` must be the stored name of the page it holds."""
         namespace = page.namespace if page is not None else row.namespace if row is not None else None
         try:
-            chunk, names = self.sealing.open(key, data, namespace, in_place=scratch)
+            chunk, names = self.sealing.open(key, data, namespace)
             header, _ = decode_chunk(chunk, out, self.identity.kv_dtype, self.identity.page_shape)
             if names.name(header.key) != key:
                 raise CorruptChunkError("file holds another key")

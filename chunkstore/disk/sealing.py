@@ -162,23 +162,16 @@ def seal(keys: NamespaceKeys, name: bytes, binding: bytes, segments: Sequence[by
     return [head, out[:pos + TAG_BYTES]], len(head) + pos + TAG_BYTES
 
 
-def open_sealed(keys: NamespaceKeys, name: bytes, binding: bytes, data: bytes | memoryview, *,
-                in_place: bool = False) -> memoryview:
+def open_sealed(keys: NamespaceKeys, name: bytes, binding: bytes, data: bytes | memoryview) -> memoryview:
     """The chunk file inside the sealed payload ``data`` of ``name``, in a per-thread buffer valid
-    until this thread opens another; or, ``in_place`` and ``data`` writable, in ``data`` itself (a
-    scratch buffer of the caller's, whose ciphertext it overwrites: the chunk is decrypted where
-    it lies, and is still in the CPU's caches when it is decoded). Raises AuthenticationError when
-    it does not open (what ``data`` then holds is unspecified)."""
+    until this thread opens another. Never decrypted where it lies: cryptography 51 refuses an
+    output that overlaps its input. Raises AuthenticationError when it does not open."""
     key_id = sealed_key_id(data)
     if key_id != keys.key_id:
         raise AuthenticationError(f"sealed under key id {key_id.hex()}, not namespace {keys.namespace!r}'s")
     _, _, _, salt, nonce = _PREAMBLE.unpack(data[:PREAMBLE_BYTES])
     size = len(data) - SEAL_OVERHEAD_BYTES
-    view = memoryview(data)
-    if in_place and not view.readonly:
-        out = view[PREAMBLE_BYTES:PREAMBLE_BYTES + size]  # the same start as the ciphertext: OpenSSL's in-place case
-    else:
-        out = _buffer("open", size)[:size]
+    out = _buffer("open", size)[:size]
     try:
         AESGCM(keys.chunk_key(salt)).decrypt_into(nonce, data[PREAMBLE_BYTES:],
                                                   bytes(data[:PREAMBLE_BYTES]) + name + binding, out)
