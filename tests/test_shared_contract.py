@@ -710,6 +710,67 @@ def test_concurrent_puts_of_two_servers_keep_the_tier_within_its_bound(servers, 
     assert b.stored_bytes("q") <= 6 * size, (len(out["a"].stored), len(out["b"].stored))
 
 
+@pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
+@pytest.mark.parametrize("bound", ["capacity", "quota"])
+def test_many_servers_bounded_puts_at_once_never_overfill_the_tier(servers, bound, postgres_url):
+    """Four servers put twelve one-page chains each, all at once, into room for five pages (each
+    server in a namespace of its own under a capacity, so that only the room lock orders their
+    commits; all in one under a quota): most of their row commits find room without the evictor
+    lock, and the rest evict and commit again. A watcher reading the tier's usage from the
+    database meanwhile never sees it over the bound, every page is stored or fails for want of
+    room, and afterwards every row has its object and no claim is left."""
+    probe = servers.open("probe", codec=Codec.NONE)
+    sample = _single_pages("q", 1, first=900)
+    assert probe.put(sample, kv_pages(TINY, 1)).ok
+    size = _page_bytes(probe, sample)
+    probe.delete([sample[0].key])
+    limit = {"capacity_bytes": 5 * size} if bound == "capacity" else {}
+    if bound == "quota":
+        probe.set_quota("q", 5 * size)
+    fleet = [servers.open(name, codec=Codec.NONE, **limit) for name in "abcd"]
+    watcher = ChunkIndex(postgres_url)
+    seen: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(watcher.stored_bytes("q" if bound == "quota" else None))
+
+    results: dict[str, list] = {}
+
+    def put_all(i: int, store: ChunkStore) -> None:
+        pages = _single_pages("q" if bound == "quota" else f"q{i}", 12, first=100 * (i + 1))
+        tensors = kv_pages(TINY, 12, seed=i)
+        results[store.writer_id] = [store.put(pages[j:j + 1], tensors[j:j + 1]) for j in range(12)]
+
+    threads = [threading.Thread(target=put_all, args=(i, s)) for i, s in enumerate(fleet)]
+    watching = threading.Thread(target=watch)
+    watching.start()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        done.set()
+        watching.join(30)
+        watcher.close()
+    assert len(seen) > 10 and max(seen) <= 5 * size
+    outcomes = [r for rs in results.values() for r in rs]
+    assert len(outcomes) == 48
+    for r in outcomes:
+        assert all("no room" in why for why in r.failed.values()), r.failed
+    assert sum(len(r.stored) for r in outcomes) >= 24  # most found room or made it
+    rows = {r.key for r in probe.iter_rows()}
+    assert servers.bucket.keys() == rows and len(rows) <= 5
+    assert probe.lapsed_claims(now=time.time() + 3600) == []  # every claim released
+    room = [s.room_lock_stats() for s in fleet]
+    if bound == "capacity":
+        assert all(r.acquired >= 12 for r in room)  # each commit passes the room lock
+    else:
+        assert all(r.acquired == 0 for r in room)  # a quota alone: the namespace's usage row orders them
+
+
 # -- races between servers that the folder tree's writer lock rules out ----------------------
 
 def test_verify_beside_another_servers_put_in_flight_reports_no_damage(servers, chain):

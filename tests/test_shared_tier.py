@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from chunkstore import ChunkStore, ModelMismatchError, chain_pages
-from chunkstore.disk.index import ChunkIndex, EvictorLockStats
+from chunkstore.disk.index import ChunkIndex, LockStats
 from chunkstore.disk.maintenance import gc, verify
 from chunkstore.disk.objects import ObjectPayloads
 from chunkstore.disk.payloads import PayloadsUnavailable
@@ -188,13 +188,25 @@ def test_a_bounded_put_that_must_evict_makes_room_for_the_next_ones(open_server,
     assert b.stats().evictions == evicted  # they found room: no plan, no delete
 
 
-def test_a_servers_passes_through_the_evictor_lock_are_counted(open_server, identity, postgres_url):
+def _wait_for_a_lock_wait(index: ChunkIndex, what: str) -> None:
+    """Until a session of ``index``'s database waits for an advisory lock (a put of another server)."""
+    deadline = time.monotonic() + 30
+    with index.engine.connect() as conn:
+        while not conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                       "AND wait_event_type = 'Lock' AND wait_event = 'advisory'").scalar():
+            assert time.monotonic() < deadline, f"the put never waited for the {what}"
+            time.sleep(0.02)
+            conn.rollback()
+
+
+def test_a_servers_passes_through_the_fleets_locks_are_counted(open_server, identity, postgres_url):
     """What a fleet's lock utilisation is read from (each server's stats and /metrics): an
-    unbounded put never takes the lock; a bounded one takes it once, and the time it waited while
-    another server held it is counted."""
+    unbounded put takes neither lock; a bounded put that finds room takes the room lock for its
+    row commit and not the evictor lock; one that must evict takes both; and the time each waited
+    while another server held the lock is counted."""
     a = open_server("a")
     assert a.put(chain_pages(identity, list(range(identity.page_size * 2))), kv_pages(identity, 2)).ok
-    assert a.stats().shared.evictor_lock == EvictorLockStats()  # unbounded: never taken
+    assert a.stats().shared.evictor_lock == LockStats() == a.stats().shared.room_lock  # unbounded: never taken
     b = open_server("b", capacity_bytes=100 * a.stored_bytes())
 
     def put_one(first_token: int) -> None:
@@ -202,27 +214,60 @@ def test_a_servers_passes_through_the_evictor_lock_are_counted(open_server, iden
                      kv_pages(identity, 1)).ok
 
     put_one(1000)
-    lock = b.stats().shared.evictor_lock
-    assert lock.acquired == 1 and lock.held_s > 0 and lock.waited_s >= 0
-    other = ChunkIndex(postgres_url)  # another server, evicting
+    room = b.stats().shared.room_lock
+    assert room.acquired == 1 and room.held_s > 0 and room.waited_s >= 0
+    assert b.stats().shared.evictor_lock == LockStats()  # it found room
+    other = ChunkIndex(postgres_url)  # another server, committing within the capacity
     try:
-        with other.evictor_lock():
+        with other.engine.begin() as conn:
+            other.dialect.lock_room(conn, 30.0)
             waiting = threading.Thread(target=put_one, args=(2000,))
             waiting.start()
-            deadline = time.monotonic() + 30
-            with other.engine.connect() as conn:  # b's put has uploaded its page and waits for the lock
-                while not conn.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                               "AND wait_event_type = 'Lock' AND wait_event = 'advisory'").scalar():
-                    assert time.monotonic() < deadline, "b's put never waited for the evictor lock"
-                    time.sleep(0.02)
-                    conn.rollback()
+            _wait_for_a_lock_wait(other, "room lock")
+            time.sleep(0.5)
+        waiting.join(timeout=30)
+        after = b.stats().shared.room_lock
+        assert after.acquired == 2 and after.waited_s - room.waited_s >= 0.5 and after.held_s > room.held_s
+        assert b.room_lock_stats() == after  # the same counts, without a statement
+
+        full = b.stored_bytes()
+        c = open_server("c", capacity_bytes=full)  # full: its put must evict
+        with other.evictor_lock():
+            waiting = threading.Thread(target=lambda: c.put(chain_pages(identity, list(range(3000, 3000 + identity.page_size))),
+                                                            kv_pages(identity, 1)))
+            waiting.start()
+            _wait_for_a_lock_wait(other, "evictor lock")
             time.sleep(0.5)
         waiting.join(timeout=30)
     finally:
         other.close()
-    after = b.stats().shared.evictor_lock
-    assert after.acquired == 2 and after.waited_s - lock.waited_s >= 0.5 and after.held_s > lock.held_s
-    assert b.evictor_lock_stats() == after  # the same counts, without a statement
+    evictor = c.stats().shared.evictor_lock
+    assert evictor.acquired >= 1 and evictor.waited_s >= 0.5 and evictor.held_s > 0
+    assert c.room_lock_stats().acquired >= 2  # its commit that found no room, and the one after its eviction
+    assert c.evictor_lock_stats() == evictor
+    assert c.stored_bytes() <= full
+
+
+def test_a_bounded_put_that_finds_room_does_not_wait_for_another_servers_eviction(open_server, identity,
+                                                                                   postgres_url):
+    """The fleet's bounded puts no longer queue behind one lock: while another server holds the
+    evictor lock (an eviction of many rows), a put within the capacity that finds room commits."""
+    a = open_server("a")
+    assert a.put(chain_pages(identity, list(range(identity.page_size * 2))), kv_pages(identity, 2)).ok
+    capacity = 100 * a.stored_bytes()
+    b = open_server("b", capacity_bytes=capacity)
+    other = ChunkIndex(postgres_url)
+    try:
+        with other.evictor_lock():
+            began = time.monotonic()
+            result = b.put(chain_pages(identity, list(range(1000, 1000 + identity.page_size * 2))), kv_pages(identity, 2))
+            took_s = time.monotonic() - began
+    finally:
+        other.close()
+    assert result.ok and len(result.stored) == 2, result.failed
+    assert took_s < 10  # (waiting for the lock would have taken its 30 s timeout, and failed)
+    assert b.evictor_lock_stats() == LockStats() and b.room_lock_stats().acquired >= 1
+    assert b.stored_bytes() <= capacity
 
 
 def _a_full_tier_and_a_bounded_server(open_server, identity, moto_s3, bucket_url, **kwargs):

@@ -166,16 +166,17 @@ class SnapshotCollector(Collector):
             yield family
         yield from SnapshotCollector._write_health(s.write_health)
         if s.shared is not None:
-            yield from SnapshotCollector._evictor_lock(s.shared.evictor_lock)
+            yield from SnapshotCollector._lock("evictor_lock", "evictor lock", s.shared.evictor_lock)
+            yield from SnapshotCollector._lock("room_lock", "room lock (bounded row commits)", s.shared.room_lock)
 
     @staticmethod
-    def _evictor_lock(lock) -> Iterator[Metric]:
-        """A shared tier's evictor lock, this server's passes since it started: the rate of
-        ``held_seconds`` summed over the fleet is the lock's utilisation."""
-        for name, value, doc in (("evictor_lock_acquired", lock.acquired, "times this server took the shared tier's "
-                                  "evictor lock"),
-                                 ("evictor_lock_wait_seconds", lock.waited_s, "seconds this server waited for it"),
-                                 ("evictor_lock_held_seconds", lock.held_s, "seconds this server held it")):
+    def _lock(prefix: str, what: str, lock) -> Iterator[Metric]:
+        """One of a shared tier's fleet-wide locks, this server's passes since it started: the rate
+        of ``held_seconds`` summed over the fleet is the lock's utilisation."""
+        for name, value, doc in ((f"{prefix}_acquired", lock.acquired, f"times this server took the shared tier's "
+                                  f"{what}"),
+                                 (f"{prefix}_wait_seconds", lock.waited_s, "seconds this server waited for it"),
+                                 (f"{prefix}_held_seconds", lock.held_s, "seconds this server held it")):
             family = _counter(name, doc + " (since the server started)")
             family.add_metric([], value)
             yield family

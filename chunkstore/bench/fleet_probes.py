@@ -17,9 +17,10 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
+from chunkstore.disk.index import EVICTOR_LOCK_KEY
+
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SAMPLE_EVERY_S = 0.1
-ADVISORY_WAIT = "wait_event_type = 'Lock' AND wait_event = 'advisory'"
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -100,8 +101,7 @@ class ActivitySummary:
 
 class ActivitySampler:
     """Samples pg_stat_activity and pg_locks of one database every SAMPLE_EVERY_S on a thread of
-    its own: the sessions open, those waiting for an advisory lock, and whether one is held (the
-    evictor's: the only advisory lock a running tier takes)."""
+    its own: the sessions open, those waiting for the evictor lock, and whether it is held."""
 
     def __init__(self, admin_url: str, database: str):
         import psycopg
@@ -119,12 +119,14 @@ class ActivitySampler:
         self._thread.start()
 
     def _run(self) -> None:
-        query = (f"SELECT count(*), count(*) FILTER (WHERE {ADVISORY_WAIT}), "
-                 "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                 " AND database = (SELECT oid FROM pg_database WHERE datname = %s)) "
-                 "FROM pg_stat_activity WHERE datname = %s")
+        # A bigint advisory key shows in pg_locks as its high and low 32 bits (objsubid 1).
+        query = ("SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %(db)s), "
+                 "count(*) FILTER (WHERE NOT granted), count(*) FILTER (WHERE granted) FROM pg_locks "
+                 "WHERE locktype = 'advisory' AND objsubid = 1 AND classid = %(high)s AND objid = %(low)s "
+                 "AND database = (SELECT oid FROM pg_database WHERE datname = %(db)s)")
+        key = {"db": self.database, "high": EVICTOR_LOCK_KEY >> 32, "low": EVICTOR_LOCK_KEY & 0xFFFFFFFF}
         while not self._stop.wait(SAMPLE_EVERY_S):
-            self._samples.append(self._conn.execute(query, [self.database, self.database]).fetchone())
+            self._samples.append(self._conn.execute(query, key).fetchone())
 
     def stop(self) -> ActivitySummary:
         self._stop.set()

@@ -296,6 +296,7 @@ def summarize(servers: int, cfg: ScaleConfig, trace: TraceConfig, results: list[
                              + after.servers_cpu_s - before.servers_cpu_s) / max(after.total_s - before.total_s, 1e-9),
         "connections": {"max": activity.max_connections, "mean": activity.mean_connections},
         "evictor_lock": _lock_figures(measured, activity, window_s),
+        "room_lock": _passes(measured, "room"),
         "local_copy": {"hits": sum(c["hits"] for c in copies), "misses": sum(c["misses"] for c in copies)},
     }
 
@@ -305,13 +306,20 @@ def _lock_figures(measured: list[dict], activity: probes.ActivitySummary, window
     servers' stores counted their puts' passes (held seconds per request: the model's figure; the
     hold of one pass at p50 and p90: a put that finds room, and one that evicts, holds it longer)."""
     n = len(measured) or 1
-    holds = sorted(r["lock_held_s"] for r in measured if r["lock_passes"])
     return {"waiting_share": activity.waiting_share, "mean_waiting": activity.mean_waiting,
             "held_share": activity.held_share, "samples": activity.samples,
-            "sampled_held_s_per_request": activity.held_share * window_s / n,
-            "held_s_per_request": sum(r["lock_held_s"] for r in measured) / n,
-            "waited_s_per_request": sum(r["lock_waited_s"] for r in measured) / n,
-            "passes_per_request": sum(r["lock_passes"] for r in measured) / n,
+            "sampled_held_s_per_request": activity.held_share * window_s / n, **_passes(measured, "lock")}
+
+
+def _passes(measured: list[dict], lock: str) -> dict:
+    """A lock's passes over the measured requests as the servers' stores counted them (``lock``:
+    the records' prefix): held and waited seconds per request, passes per request, and one pass's
+    hold at p50 and p90."""
+    n = len(measured) or 1
+    holds = sorted(r[f"{lock}_held_s"] for r in measured if r[f"{lock}_passes"])
+    return {"held_s_per_request": sum(r[f"{lock}_held_s"] for r in measured) / n,
+            "waited_s_per_request": sum(r[f"{lock}_waited_s"] for r in measured) / n,
+            "passes_per_request": sum(r[f"{lock}_passes"] for r in measured) / n,
             "pass_ms": {"p50": _ms(percentile(holds, 50)), "p90": _ms(percentile(holds, 90)), "n": len(holds)}}
 
 
@@ -372,13 +380,14 @@ def format_scale_table(result: dict) -> str:
             ("  database cores, fixed", f"{model['db_fixed_cores']:.3f}", "", ""),
             ("  statements per request (fixed per s)", f"{model['statements_per_request']:.1f}",
              f"({model['statements_fixed_per_s']:.1f})", "")]
-    if model["evictor_lock_s_per_request"] > 0:
-        bound = ", ".join(f"{n} at {rate}" for rate, n in model["servers_by_evictor_lock"].items())
-        passes = model["evictor_lock_pass_ms"]
-        rows.append((f"  evictor lock held per request (N={model['evictor_lock_from_servers']}), ms",
-                     f"{model['evictor_lock_s_per_request'] * 1e3:.2f}",
-                     f"(a pass {num(passes['p50'], '.1f')} / {num(passes['p90'], '.1f')} ms at p50 / p90)", ""))
-        rows.append((f"  servers it serves, held {model['utilization']:.0%}", bound, "", ""))
+    for lock in ("evictor_lock", "room_lock"):
+        if model[f"{lock}_s_per_request"] > 0:
+            bound = ", ".join(f"{n} at {rate}" for rate, n in model[f"servers_by_{lock}"].items())
+            passes = model[f"{lock}_pass_ms"]
+            rows.append((f"  {lock.replace('_', ' ')} held per request (N={model['lock_from_servers']}), ms",
+                         f"{model[f'{lock}_s_per_request'] * 1e3:.2f}",
+                         f"(a pass {num(passes['p50'], '.1f')} / {num(passes['p90'], '.1f')} ms at p50 / p90)", ""))
+            rows.append((f"  servers it serves, held {model['utilization']:.0%}", bound, "", ""))
     for check in model["checks"]:
         errors = ", ".join(f"{k} {v:+.0%}" for k, v in check["error"].items())
         rows.append((f"  N={check['servers']}{' (saturated)' if check['saturated'] else ''}: predicted vs measured",

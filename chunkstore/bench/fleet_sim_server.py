@@ -85,17 +85,20 @@ def _serve(plan: ServerPlan, request: Request, store, chain_pages, kv, outs, lat
         while loaded < hit and ok[loaded]:  # a page evicted since the lookup: computed again from there
             loaded += 1
     new = pages[loaded:]
-    lock_before = store.evictor_lock_stats()
+    lock_before, room_before = store.evictor_lock_stats(), store.room_lock_stats()
     began = time.perf_counter()
     result = store.put(new, [kv[i % len(kv)] for i in range(len(new))])
     publish_s = time.perf_counter() - began
-    lock = store.evictor_lock_stats()
+    lock, room = store.evictor_lock_stats(), store.room_lock_stats()
     return {"at_s": request.at_s, "late_s": late_s, "lookup_s": lookup_s, "hit_pages": hit, "load_s": load_s,
             "loaded_pages": loaded, "local_copy_hits": local_hits, "publish_s": publish_s, "put_pages": len(new),
             "stored": len(result.stored), "deduplicated": len(result.deduplicated), "failed": len(result.failed),
             # the put's passes through the fleet's evictor lock (a bounded tier's), from the store's own counts
             "lock_passes": lock.acquired - lock_before.acquired, "lock_held_s": lock.held_s - lock_before.held_s,
-            "lock_waited_s": lock.waited_s - lock_before.waited_s}
+            "lock_waited_s": lock.waited_s - lock_before.waited_s,
+            # and through its room lock (a bounded put's row commits within a capacity)
+            "room_passes": room.acquired - room_before.acquired, "room_held_s": room.held_s - room_before.held_s,
+            "room_waited_s": room.waited_s - room_before.waited_s}
 
 
 def _local_copy_hits(store) -> int:

@@ -91,7 +91,11 @@ def sizing_model(points: list[dict], rate_per_server: float) -> dict:
                        "measured": measured, "predicted": predicted, "error": errors})
     usable = [c for c in checks if not c["saturated"]] or checks
     lock_from = max(fitted, key=lambda p: p["servers"])
-    lock_s = lock_from["evictor_lock"]["held_s_per_request"]
+    locks: dict = {"lock_from_servers": lock_from["servers"]}
+    for lock in ("evictor_lock", "room_lock"):
+        held_s = lock_from[lock]["held_s_per_request"]
+        locks.update({f"{lock}_s_per_request": held_s, f"{lock}_pass_ms": lock_from[lock]["pass_ms"],
+                      f"servers_by_{lock}": {f"{rate:g}/s": servers_by_lock(rate, held_s) for rate in EXAMPLE_RATES}})
     return {
         "fitted_on_servers": [p["servers"] for p in fitted],
         "db_fixed_cores": db_fixed, "db_cpu_s_per_request": db_per_request,
@@ -101,16 +105,15 @@ def sizing_model(points: list[dict], rate_per_server: float) -> dict:
         "servers_per_database": {f"{cores} cores": {f"{rate:g}/s": servers_served(cores, rate, db_fixed, db_per_request)
                                                      for rate in EXAMPLE_RATES} for cores in EXAMPLE_CORES},
         "rate_per_server_measured": rate_per_server,
-        "evictor_lock_s_per_request": lock_s, "evictor_lock_from_servers": lock_from["servers"],
-        "evictor_lock_pass_ms": lock_from["evictor_lock"]["pass_ms"],
-        "servers_by_evictor_lock": {f"{rate:g}/s": servers_by_lock(rate, lock_s) for rate in EXAMPLE_RATES},
+        **locks,
     }
 
 
 def servers_by_lock(rate_per_server: float, lock_s_per_request: float) -> int | None:
-    """How many servers at ``rate_per_server`` requests/s a bounded tier's one evictor lock
-    serves, held UTILIZATION of the time, whatever the database's cores: the fleet's bounded puts
-    pass it one at a time. None when no request holds it (an unbounded tier)."""
+    """How many servers at ``rate_per_server`` requests/s one of a bounded tier's fleet-wide locks
+    (the evictor lock, the room lock) serves, held UTILIZATION of the time, whatever the
+    database's cores: the fleet passes it one at a time. None when no request holds it (an
+    unbounded tier)."""
     if lock_s_per_request <= 0:
         return None
     return math.floor(UTILIZATION / (rate_per_server * lock_s_per_request) + 1e-9)  # (0.7 / 0.05 is 13.999...)

@@ -43,7 +43,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from chunkstore.choices import Choice
 from chunkstore.disk import migrations
 # What differs between SQLite and PostgreSQL, and the URL helpers, owned there; importable from here.
-from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, EvictorLockStats, IndexDialect, IndexMissingError,
+from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, EVICTOR_LOCK_KEY, ROOM_LOCK_KEY, IndexDialect,
+                                          IndexMissingError, LockStats,
                                           batches, db_files, dialect_for, display_url, index_backend,
                                           prepare_db_files, release_in, row_values, sqlite_path, sqlite_url,
                                           unchecked_checkout)
@@ -52,11 +53,12 @@ from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counter
 
 EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
 __all__ = [
-    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "NamespaceUsage", "ServerCounts", "Victim",
+    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "NamespaceUsage", "NoRoomError", "RoomLimits",
+    "ServerCounts", "Victim",
     "drop_index", "upgrade_index", "default_server_name", "EVICTOR_LOCK_TIMEOUT_S", "SERVER_EVENTS",
     "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S", "COUNTER_FLUSH_S",
     # owned by index_dialect.py
-    "BACKENDS", "DB_FILENAME", "IndexDialect", "IndexMissingError", "db_files", "dialect_for", "display_url",
+    "BACKENDS", "DB_FILENAME", "EVICTOR_LOCK_KEY", "ROOM_LOCK_KEY", "IndexDialect", "IndexMissingError", "db_files", "dialect_for", "display_url",
     "index_backend", "prepare_db_files", "sqlite_path", "sqlite_url",
 ]
 # Per-server counters (schema 0006): the events counted per server beside their namespace's counter
@@ -137,6 +139,20 @@ class NamespaceUsage:
     raw_bytes: int
     stored_bytes: int
     quota_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RoomLimits:
+    """What a bounded put's rows must fit within once committed: the tier's capacity (this
+    server's setting) and the quotas of the namespaces it puts into (``insert_claimed``)."""
+
+    capacity_bytes: int | None = None
+    quotas: dict[str, int] = dataclasses.field(default_factory=dict)  # namespace: its quota in bytes
+
+
+class NoRoomError(Exception):
+    """A bounded row commit that would have overfilled the tier or a namespace's quota: it was
+    rolled back, and nothing of it was committed (the put evicts, then commits again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -599,17 +615,56 @@ class ChunkIndex:
             return self.dialect.claim(conn, ordered, writer, now + ttl_s, now)
 
     @_retried_on_conflict
-    def insert_claimed(self, rows: Sequence[ChunkRow], writer: str) -> set[bytes]:
+    def insert_claimed(self, rows: Sequence[ChunkRow], writer: str, room: RoomLimits | None = None) -> set[bytes]:
         """Commit the rows of keys ``writer`` claimed and uploaded: in one transaction, its claims on
         them are deleted and a row inserted for each claim it still held (the row replaces the
         claim). Returns those keys; a claim that lapsed and was taken over (a sweeper, an evictor,
-        another writer) is not its to commit, so that key gets no row from it."""
+        another writer) is not its to commit, so that key gets no row from it.
+
+        ``room``: the commit must leave the tier within these limits, or it is rolled back and
+        raises NoRoomError. The stored bytes are read after the insert, in its transaction: a
+        namespace's usage row stays locked by the insert until the commit, and within a capacity
+        the transaction first takes the room lock, so the bounded commits of every server are
+        checked one after the other and no two can both take the last room. Nothing else waits:
+        not reads, unbounded commits, nor evictions (their deletes only make room)."""
         if not rows:
             return set()
-        with self._writing(one_statement=self.dialect.one_statement) as conn:
-            held, added = self.dialect.insert_claimed(conn, rows, writer)
+        if room is None:
+            with self._writing(one_statement=self.dialect.one_statement) as conn:
+                held, added = self.dialect.insert_claimed(conn, rows, writer)
+            self._count_published(added)
+            return held
+        waited_s = acquired_at = None
+        try:
+            with self._writing() as conn:
+                if room.capacity_bytes is not None:
+                    waited_s = self.dialect.lock_room(conn, EVICTOR_LOCK_TIMEOUT_S)
+                    acquired_at = time.perf_counter()
+                held, added = self.dialect.insert_claimed(conn, rows, writer)
+                if over := self._over_limits(conn, room, {r.namespace for r in rows}):
+                    raise NoRoomError(f"the rows would go past the {over}")  # (the transaction rolls back)
+        finally:
+            if acquired_at is not None:
+                self.dialect.count_room_lock(waited_s, time.perf_counter() - acquired_at)
         self._count_published(added)
         return held
+
+    @staticmethod
+    def _over_limits(conn: Connection, room: RoomLimits, namespaces: set[str]) -> str | None:
+        """Which of ``room``'s limits the stored bytes are past, in ``conn``'s transaction (None when
+        within all)."""
+        if room.capacity_bytes is not None:
+            total = conn.execute(select(func.coalesce(func.sum(namespace_usage.c.stored_bytes), 0))).scalar()
+            if int(total or 0) > room.capacity_bytes:
+                return f"capacity of {room.capacity_bytes} bytes"
+        quotas = {ns: q for ns, q in room.quotas.items() if ns in namespaces}
+        if quotas:
+            stmt = (select(namespace_usage.c.namespace, namespace_usage.c.stored_bytes)
+                    .where(namespace_usage.c.namespace.in_(list(quotas))))
+            for ns, stored in conn.execute(stmt):
+                if stored > quotas[ns]:
+                    return f"namespace quota of {quotas[ns]} bytes"
+        return None
 
     @_retried_on_conflict
     def release(self, keys: Iterable[bytes], writer: str) -> int:
@@ -680,9 +735,14 @@ class ChunkIndex:
         with self.dialect.evictor_lock(self.engine, self.write_lock, timeout_s):
             yield
 
-    def evictor_lock_stats(self) -> EvictorLockStats:
+    def evictor_lock_stats(self) -> LockStats:
         """This process's passes through ``evictor_lock`` (PostgreSQL's; nothing on SQLite)."""
         return self.dialect.evictor_lock_stats()
+
+    def room_lock_stats(self) -> LockStats:
+        """This process's passes through the room lock of ``insert_claimed`` within a capacity
+        (PostgreSQL's; nothing on SQLite)."""
+        return self.dialect.room_lock_stats()
 
     @_retried_on_conflict
     def set_pinned(self, keys: Sequence[bytes], pinned: bool) -> int:

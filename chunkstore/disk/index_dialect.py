@@ -38,7 +38,8 @@ DB_FILENAME = "index.db"
 BACKENDS = ("sqlite", "postgresql")
 _IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
 _MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
-_EVICTOR_LOCK = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
+EVICTOR_LOCK_KEY = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
+ROOM_LOCK_KEY = 0x6368756E6B02  # ... and of its bounded row commits' room check, one at a time
 # A per-query key list, in the connection's temp schema: created inside the read transaction, so
 # the rollback that ends it removes the table again. No SQLite variable limit applies to it.
 _QUERY_KEYS = table("chunk_query_keys", column("key"), schema="temp")
@@ -140,15 +141,33 @@ _CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock_detected, serial
 # -- the two dialects ---------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class EvictorLockStats:
-    """This process's passes through a shared tier's one evictor lock since it opened the store.
-    The fleet's bounded puts and evictions pass it one at a time, so the rate of ``held_s``
-    summed over the servers is the lock's utilisation, which bounds the fleet whatever the
-    database's cores (docs/FLEET.md, Sizing)."""
+class LockStats:
+    """This process's passes through one of a shared tier's fleet-wide locks since it opened the
+    store: the evictor lock (evictions, and bounded puts that must evict) or the room lock
+    (bounded puts' row commits, within a capacity). The fleet passes each one at a time, so the
+    rate of ``held_s`` summed over the servers is the lock's utilisation, which bounds the fleet
+    whatever the database's cores (docs/FLEET.md, Sizing)."""
 
     acquired: int = 0  # times this process took it
     waited_s: float = 0.0  # seconds spent waiting for it
     held_s: float = 0.0  # seconds this process held it (to its transaction's end)
+
+
+class LockCounts:
+    """A lock's LockStats as this process's threads add their passes."""
+
+    def __init__(self) -> None:
+        self._stats = LockStats()
+        self._lock = threading.Lock()
+
+    def add(self, waited_s: float, held_s: float) -> None:
+        with self._lock:
+            t = self._stats
+            self._stats = LockStats(t.acquired + 1, t.waited_s + waited_s, t.held_s + held_s)
+
+    @property
+    def stats(self) -> LockStats:
+        return self._stats
 
 
 class SqliteDialect:
@@ -257,8 +276,17 @@ class SqliteDialect:
         with write_lock:  # the index's one writer is the tier's one evictor
             yield
 
-    def evictor_lock_stats(self) -> EvictorLockStats:
-        return EvictorLockStats()  # no lock across processes: one writer
+    def evictor_lock_stats(self) -> LockStats:
+        return LockStats()  # no lock across processes: one writer
+
+    def lock_room(self, conn: Connection, timeout_s: float) -> float:
+        return 0.0  # one writer, under the index's write lock: nothing to wait for
+
+    def count_room_lock(self, waited_s: float, held_s: float) -> None:
+        pass
+
+    def room_lock_stats(self) -> LockStats:
+        return LockStats()
 
     @staticmethod
     def lost_a_conflict(error: DBAPIError) -> bool:
@@ -364,8 +392,8 @@ class PostgresDialect:
         self.name_shown = display_url(url)
         self.behind_pooler = False  # found by ``configure``: server sessions handed out per transaction
         self._evictor = threading.local()  # .held: this thread holds the evictor lock
-        self._lock_times = EvictorLockStats()  # this process's waits for it and holds of it
-        self._lock_times_lock = threading.Lock()
+        self._evictor_times = LockCounts()  # this process's waits for it and holds of it
+        self._room_times = LockCounts()  # the same of the room lock
 
     def prepare(self, *, read_only: bool, must_exist: bool) -> None:
         pass  # the database is the server's; its tables are checked once connected
@@ -443,7 +471,7 @@ class PostgresDialect:
             with engine.connect() as conn, conn.begin():
                 conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(timeout_s * 1000)}ms'")
                 began = time.perf_counter()
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_EVICTOR_LOCK})")
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({EVICTOR_LOCK_KEY})")
                 acquired_at = time.perf_counter()
                 waited_s = acquired_at - began
                 self._evictor.held = True
@@ -453,16 +481,27 @@ class PostgresDialect:
                     self._evictor.held = False
         finally:  # held until the transaction's end released it
             if acquired_at is not None:
-                self._count_lock(waited_s, time.perf_counter() - acquired_at)
+                self._evictor_times.add(waited_s, time.perf_counter() - acquired_at)
 
-    def _count_lock(self, waited_s: float, held_s: float) -> None:
-        with self._lock_times_lock:
-            t = self._lock_times
-            self._lock_times = EvictorLockStats(t.acquired + 1, t.waited_s + waited_s, t.held_s + held_s)
-
-    def evictor_lock_stats(self) -> EvictorLockStats:
+    def evictor_lock_stats(self) -> LockStats:
         """This process's waits for the evictor lock and holds of it, since the index opened."""
-        return self._lock_times
+        return self._evictor_times.stats
+
+    def lock_room(self, conn: Connection, timeout_s: float) -> float:
+        """Take the room lock in ``conn``'s transaction (to its end; waiting at most ``timeout_s``,
+        then sqlalchemy's OperationalError); returns the seconds waited. One statement: the
+        timeout is set first, as the select list is evaluated in order."""
+        began = time.perf_counter()
+        conn.exec_driver_sql(f"SELECT set_config('lock_timeout', '{int(timeout_s * 1000)}ms', true), "
+                             f"pg_advisory_xact_lock({ROOM_LOCK_KEY})")
+        return time.perf_counter() - began
+
+    def count_room_lock(self, waited_s: float, held_s: float) -> None:
+        self._room_times.add(waited_s, held_s)
+
+    def room_lock_stats(self) -> LockStats:
+        """This process's waits for the room lock and holds of it, since the index opened."""
+        return self._room_times.stats
 
     @staticmethod
     def lost_a_conflict(error: DBAPIError) -> bool:

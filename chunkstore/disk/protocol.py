@@ -120,8 +120,9 @@ class StoreProtocol:
                 # Each namespace's quota, read once per put (on a shared tier: from the database).
                 for ns in {todo[k][0].namespace for k in written} - quotas.keys():
                     quotas[ns] = self.index.quota(ns)
-                with self.index.evictor_lock() if self.bounded(quotas) else contextlib.nullcontext():
-                    return self.commit_within_room(todo, written, result, quotas)
+                if self.bounded(quotas):
+                    return self.commit_bounded(todo, written, result, quotas)
+                return self.commit_within_room(todo, written, result, quotas)
             except DBAPIError as exc:  # the quota lookup or the evictor lock: no row of it was committed
                 self.unpublish(todo, written, [k for k in written if k not in result.failed
                                                and k not in result.stored], result, "evictor lock", exc)
@@ -132,14 +133,24 @@ class StoreProtocol:
         return True
 
     def bounded(self, quotas: dict[str, int | None]) -> bool:
-        """Whether the batch must hold the evictor lock from its room check to its row commit."""
+        """Whether the batch's room check and row commit must be one step against other writers
+        (``commit_bounded``)."""
         return False
 
+    def commit_bounded(self, todo: Todo, written: Written, result: PutResult,
+                       quotas: dict[str, int | None]) -> list[bytes]:
+        """``commit_within_room`` for a batch under a capacity or a quota: its room check and its
+        row commit under the evictor lock together."""
+        with self.index.evictor_lock():
+            return self.commit_within_room(todo, written, result, quotas)
+
     def commit_within_room(self, todo: Todo, written: Written, result: PutResult,
-                           quotas: dict[str, int | None]) -> list[bytes]:
+                           quotas: dict[str, int | None], *, evict: bool = True) -> list[bytes]:
+        """Make room (unless not ``evict``), publish, commit; returns the keys committed."""
         step, admitted = "index commit", list(written)
         try:
-            admitted = self.make_room(todo, written, result, quotas)  # evicting writes the index too
+            if evict:
+                admitted = self.make_room(todo, written, result, quotas)  # evicting writes the index too
             if not admitted:
                 return []
             now = time.time()

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from chunkstore.disk.index import NamespaceUsage, ServerCounts
-from chunkstore.disk.index_dialect import EvictorLockStats
+from chunkstore.disk.index_dialect import LockStats
 from chunkstore.disk.write_health import WriteHealth
 
 if TYPE_CHECKING:
@@ -152,7 +152,8 @@ class SharedTierStats:
     servers: tuple[ServerStats, ...] = ()  # every server's counts (server_stats), this one first
     local_copy: LocalCopyStats | None = None  # this server's local copy of what it read (payload_cache.py)
     bucket: BucketListing | None = None  # the bucket as the last sweep, by any server, listed it (None: never)
-    evictor_lock: EvictorLockStats = EvictorLockStats()  # this process's passes through the fleet's evictor lock
+    evictor_lock: LockStats = LockStats()  # this process's passes through the fleet's evictor lock
+    room_lock: LockStats = LockStats()  # ... and through its room lock (bounded commits within a capacity)
 
 
 @dataclass(frozen=True, slots=True)

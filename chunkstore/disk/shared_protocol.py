@@ -7,9 +7,11 @@ the claim is still this writer's; readers trust rows only. A key another writer 
 (a put skips it as a duplicate). Deletes claim the keys with the rows' deletion, then delete the
 objects, then release the claims, so no writer uploads a key while its object goes; a reader
 that found an object missing or bad deletes only the row it saw (``delete_unchanged``); one
-evictor at a time fleet-wide (``evictor_lock``), and a bounded put holds it from its room check
-to its row commit; a plan is always made again under it (other servers change the order unseen).
-A put's eviction deletes the objects it evicted after it lets go of the lock (the rows went under
+evictor at a time fleet-wide (``evictor_lock``), and a plan is always made again under it (other
+servers change the order unseen). A bounded put's row commit checks the room it leaves in its
+own transaction (``index.insert_claimed`` with its limits: no two servers' commits take the last
+room), and only a commit that found none takes the evictor lock, evicts and commits again. A
+put's eviction deletes the objects it evicted after it lets go of the lock (the rows went under
 it, and the keys stay claimed until their objects are gone): the fleet's one lock is not held
 through the bucket's deletes.
 """
@@ -27,7 +29,7 @@ import numpy as np
 from sqlalchemy.exc import DBAPIError
 
 from chunkstore.disk.file_check import FileStatus
-from chunkstore.disk.index import ChunkRow
+from chunkstore.disk.index import ChunkRow, NoRoomError, RoomLimits
 from chunkstore.disk.keys import PageRef
 from chunkstore.disk.payloads import PayloadsUnavailable, Staged
 from chunkstore.disk.protocol import StoreProtocol, Todo
@@ -50,11 +52,13 @@ SWEEP_GRACE_S = 600.0
 COMMIT_TAIL_PAGES = 32
 # A bounded put that must evict frees room for about this many more puts of its size (at most a
 # sixteenth of the capacity or quota, and nothing ahead for a put bigger than that), so most of
-# the fleet's bounded puts find room: they still hold the one evictor lock from their room check
-# to their row commit, but no longer plan an eviction and delete its rows under it, which was
-# most of the lock's hold time.
+# the fleet's bounded puts find room, and commit without the evictor lock.
 EVICT_AHEAD_PUTS = 8
 EVICT_AHEAD_MAX_SHARE = 1 / 16
+# A bounded put whose commit finds no room evicts and commits again under the evictor lock at
+# most this many times (other servers' commits need not take that lock, so they can take the room
+# an eviction made first); then its pages fail for want of room.
+ROOM_TRIES = 3
 
 
 class SharedProtocol(StoreProtocol):
@@ -146,7 +150,7 @@ class SharedProtocol(StoreProtocol):
     def bounded(self, quotas: dict[str, int | None]) -> bool:
         """A capacity or a namespace quota applies: another server's put between this one's room
         check and its row commit would take the room this one found (each would fit alone; both
-        would not)."""
+        would not), so the commit checks the room (``commit_bounded``)."""
         if self.store.capacity_bytes is not None:
             return True
         return any(quota is not None for quota in quotas.values())
@@ -170,11 +174,42 @@ class SharedProtocol(StoreProtocol):
             if evicted:
                 self.delete_claimed_objects(evicted)
 
+    def commit_bounded(self, todo: Todo, written, result: PutResult, quotas: dict[str, int | None]) -> list[bytes]:
+        """First without the evictor lock: the rows are committed in a transaction that checks
+        the room they leave (``index.insert_claimed`` with the limits), and most puts find room.
+        One that does not was rolled back whole; it then evicts under the evictor lock and
+        commits again, as often as ROOM_TRIES while other servers' puts take the room it made."""
+        capacity = self.store.capacity_bytes
+        self._publishing.room = RoomLimits(capacity, {ns: q for ns, q in quotas.items() if q is not None})
+        try:
+            try:
+                return self.commit_within_room(todo, written, result, quotas, evict=False)
+            except NoRoomError:
+                pass
+            for _ in range(ROOM_TRIES):
+                left = {k: w for k, w in written.items() if k not in result.failed}
+                if not left:
+                    return []
+                with self.index.evictor_lock():
+                    try:
+                        return self.commit_within_room(todo, left, result, quotas)
+                    except NoRoomError:
+                        continue
+            for k, (staged, _) in written.items():
+                if k not in result.failed:
+                    self.reject(k, staged)
+                    result.failed[k] = ("no room: other servers' puts took the room its evictions made, "
+                                        f"{ROOM_TRIES} times")
+            return []
+        finally:
+            self._publishing.room = None
+
     def publish_payloads(self, staged: list[Staged]) -> None:
         pass  # uploaded as they were encoded, under this writer's claims
 
     def commit_rows(self, rows: list[ChunkRow], todo: Todo, result: PutResult) -> list[bytes]:
-        held = self.index.insert_claimed(rows, self.writer_id)  # the row replaces the claim
+        # The row replaces the claim; a bounded put's commit checks its room (commit_bounded).
+        held = self.index.insert_claimed(rows, self.writer_id, getattr(self._publishing, "room", None))
         lost = [r.key for r in rows if r.key not in held]
         # A claim that lapsed while this put ran, and another took: the key is theirs now (its
         # object may be theirs too, or being deleted), so it is left alone.
@@ -288,5 +323,6 @@ class SharedProtocol(StoreProtocol):
                                  read_health=self.store._reads.health(), server_name=self.index.server_name,
                                  servers=servers, local_copy=self.payloads.local_copy_stats(),
                                  bucket=listing_of(self.index.get_meta(BUCKET_LISTING_META)),
-                                 evictor_lock=self.index.evictor_lock_stats())
+                                 evictor_lock=self.index.evictor_lock_stats(),
+                                 room_lock=self.index.room_lock_stats())
         return dataclasses.replace(stats, shared=shared)

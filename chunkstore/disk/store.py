@@ -46,7 +46,7 @@ from chunkstore.disk.codec import Codec
 from chunkstore.disk.file_check import FileCheck, FileStatus
 from chunkstore.disk.files import ChunkFiles, Durability, make_private_dir
 from chunkstore.disk.identity import ModelIdentity
-from chunkstore.disk.index import COUNTER_FLUSH_S, ChunkIndex, ChunkRow, EvictorLockStats, drop_index, sqlite_url
+from chunkstore.disk.index import COUNTER_FLUSH_S, ChunkIndex, ChunkRow, LockStats, drop_index, sqlite_url
 from chunkstore.disk.index_reads import IndexReads
 from chunkstore.disk.read_only import mutation as _mutation
 from chunkstore.disk.keyring import Sealing, carry_seal_state, open_sealing
@@ -97,7 +97,7 @@ READING_METHODS = (
     "close", "exists", "longest_prefix", "get", "get_into", "verify_file", "plan_eviction", "flush", "stats",
     "num_chunks", "stored_bytes", "chunk_rows", "iter_rows", "list_chunks", "count_chunks", "child_keys",
     "namespace_usage", "quota", "exclusive", "map_workers", "lapsed_claims", "claimed_keys",
-    "namespace_keys", "evictor_lock_stats",
+    "namespace_keys", "evictor_lock_stats", "room_lock_stats",
 )
 
 
@@ -573,7 +573,12 @@ class ChunkStore(NamespaceChecks, IndexReads, EvictionOps, SealOps):
             stats = dataclasses.replace(stats, sealed=True)
         return self._protocol.stats(stats)
 
-    def evictor_lock_stats(self) -> EvictorLockStats:
+    def evictor_lock_stats(self) -> LockStats:
         """This process's passes through the index's evictor lock since it opened (``stats``
         shows them on a shared tier): no statement, so a caller may ask around each put."""
         return self._index.evictor_lock_stats()
+
+    def room_lock_stats(self) -> LockStats:
+        """This process's passes through the index's room lock since it opened (a bounded put's
+        row commit within a capacity takes it; ``stats`` shows them on a shared tier)."""
+        return self._index.room_lock_stats()

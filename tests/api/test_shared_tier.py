@@ -67,6 +67,7 @@ def test_stats_show_the_shared_tier_and_every_servers_counts(served):
     assert disk["hits"] == a["hits"] + b["hits"] and disk["misses"] == a["misses"] + b["misses"]
     assert me["hit_rate"] is None and me["published"] == 0
     assert shared["evictor_lock"] == {"acquired": 0, "waited_s": 0.0, "held_s": 0.0}  # it has evicted nothing
+    assert shared["room_lock"] == {"acquired": 0, "waited_s": 0.0, "held_s": 0.0}  # nor committed within a capacity
 
 
 def test_an_eviction_through_the_evictor_lock_shows_in_stats_and_metrics(served):
@@ -81,6 +82,7 @@ def test_an_eviction_through_the_evictor_lock_shows_in_stats_and_metrics(served)
     held = [line for line in metrics.splitlines() if line.startswith("chunkstore_evictor_lock_held_seconds_total ")]
     assert len(held) == 1 and float(held[0].split()[1]) == pytest.approx(lock["held_s"])
     assert f"chunkstore_evictor_lock_acquired_total {float(lock['acquired'])}" in metrics
+    assert "chunkstore_room_lock_acquired_total 0.0" in metrics  # (no put within a capacity: the other lock)
 
 
 def test_this_servers_reads_count_at_once_and_a_server_gone_quiet_is_stale(served):

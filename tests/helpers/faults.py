@@ -232,9 +232,9 @@ class FaultyIndex(ChunkIndex):
         self._before_insert()
         return super().insert(rows)
 
-    def insert_claimed(self, rows, writer):
+    def insert_claimed(self, rows, writer, room=None):
         self._before_insert()
-        return super().insert_claimed(rows, writer)
+        return super().insert_claimed(rows, writer, room)
 
     def delete(self, keys):
         if self.faults.delete:

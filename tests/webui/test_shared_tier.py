@@ -52,6 +52,7 @@ def test_the_overview_shows_the_shared_tier_and_its_servers(browser, tier):
                     assert (f["This server"], f["Writer id"]) == (shared.server_name, shared.writer_id)
                     assert (f["Publish claims"], f["Read health"]) == ("1 held, 1 lapsed", "OK")
                     assert f["Evictor lock"].startswith("not taken by this server")
+                    assert f["Room lock"].startswith("not taken by this server")
                     assert f["Bucket objects"].startswith("not listed yet: a gc job")
                     assert f["Tier"].startswith("8 chunks, ")  # the whole tier's rows
                     assert page.is_visible("#shared-claims-note") and "gc job" in page.inner_text("#shared-claims-note")

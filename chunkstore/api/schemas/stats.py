@@ -129,17 +129,18 @@ class BucketListingPublic(BaseModel):
         return cls(objects=b.objects, orphans=b.orphans, listed_at=b.listed_at, listed_by=b.listed_by)
 
 
-class EvictorLockPublic(BaseModel):
-    """This server's passes through the shared tier's one evictor lock since it started. The
-    fleet's bounded puts pass it one at a time: the rate of held_s summed over the servers is the
-    lock's utilisation, which bounds the fleet whatever the database's cores (docs/FLEET.md#sizing)."""
+class LockPublic(BaseModel):
+    """This server's passes through one of the shared tier's fleet-wide locks since it started
+    (the evictor lock, or the room lock). The fleet passes each one at a time: the rate of held_s
+    summed over the servers is the lock's utilisation, which bounds the fleet whatever the
+    database's cores (docs/FLEET.md#sizing)."""
 
-    acquired: int = Field(description="times this server took it (a bounded put, an eviction)")
+    acquired: int = Field(description="times this server took it")
     waited_s: float = Field(description="seconds this server spent waiting for it")
     held_s: float = Field(description="seconds this server held it")
 
     @classmethod
-    def of(cls, s) -> "EvictorLockPublic":
+    def of(cls, s) -> "LockPublic":
         return cls(acquired=s.acquired, waited_s=s.waited_s, held_s=s.held_s)
 
 
@@ -162,8 +163,11 @@ class SharedTierPublic(BaseModel):
                                                                  "(none when local_cache_size is 0)")
     bucket: BucketListingPublic | None = Field(None, description="the bucket as the last gc sweep listed it "
                                                                  "(none before the first)")
-    evictor_lock: EvictorLockPublic = Field(description="this server's waits for the fleet's one evictor lock and "
-                                                        "holds of it, since it started")
+    evictor_lock: LockPublic = Field(description="this server's waits for the fleet's one evictor lock and holds "
+                                                 "of it, since it started (evictions, and bounded puts that must "
+                                                 "evict)")
+    room_lock: LockPublic = Field(description="this server's waits for the fleet's room lock and holds of it, "
+                                              "since it started (each row commit of a put within a capacity)")
 
     @classmethod
     def of(cls, s: SharedTierStats) -> "SharedTierPublic":
@@ -172,7 +176,7 @@ class SharedTierPublic(BaseModel):
                    servers=[ServerPublic.of(x) for x in s.servers], stale_after_s=SERVER_STALE_S,
                    local_copy=LocalCopyPublic.of(s.local_copy) if s.local_copy is not None else None,
                    bucket=BucketListingPublic.of(s.bucket) if s.bucket is not None else None,
-                   evictor_lock=EvictorLockPublic.of(s.evictor_lock))
+                   evictor_lock=LockPublic.of(s.evictor_lock), room_lock=LockPublic.of(s.room_lock))
 
 
 class DiskPublic(BaseModel):

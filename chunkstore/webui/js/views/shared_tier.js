@@ -45,8 +45,8 @@ function bucketObjects(b, takenAt) {
 
 // This server's passes through the fleet's one evictor lock (a bounded tier's puts and every eviction take it
 // one at a time across the fleet): how often, and how long it waited and held it, since it started.
-function evictorLock(lock) {
-  if (!lock.acquired) return "not taken by this server (an unbounded tier's puts never take it)";
+function lockPasses(lock, never) {
+  if (!lock.acquired) return `not taken by this server (${never})`;
   return `taken ${num(lock.acquired)} time(s) by this server: held ${seconds(lock.held_s)}, `
     + `waited ${seconds(lock.waited_s)} in all`;
 }
@@ -83,7 +83,8 @@ export function createSharedTier() {
       ["This server", h("code", {}, shared.server_name)],
       ["Writer id", h("code", {}, shared.writer_id)],
       ["Publish claims", `${num(shared.claims)} held, ${num(shared.lapsed_claims)} lapsed`],
-      ["Evictor lock", evictorLock(shared.evictor_lock)],
+      ["Evictor lock", lockPasses(shared.evictor_lock, "only evictions and puts that must evict take it")],
+      ["Room lock", lockPasses(shared.room_lock, "only the row commits of puts within a capacity take it")],
       ["Bucket objects", bucketObjects(shared.bucket, st.taken_at)],
       ["Read health", rh.degraded ? `degraded (${num(rh.failures)} failed)`
         : rh.failures ? `OK (${num(rh.failures)} failed before the last success)` : "OK"],
