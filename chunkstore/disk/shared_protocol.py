@@ -52,8 +52,10 @@ SWEEP_GRACE_S = 600.0
 COMMIT_TAIL_PAGES = 32
 # A bounded put that must evict frees room for about this many more puts of its size (at most a
 # sixteenth of the capacity or quota, and nothing ahead for a put bigger than that), so most of
-# the fleet's bounded puts find room, and commit without the evictor lock.
-EVICT_AHEAD_PUTS = 8
+# the fleet's bounded puts find room, and commit without the evictor lock. A pass's plan costs
+# the same however much it frees, and puts that find room do not wait for it: 32 held the lock
+# 41% less per request than 8, with 14% fewer statements (bench fleet, N = 32, paired runs).
+EVICT_AHEAD_PUTS = 32
 EVICT_AHEAD_MAX_SHARE = 1 / 16
 # A bounded put whose commit finds no room evicts and commits again under the evictor lock at
 # most this many times (other servers' commits need not take that lock, so they can take the room
