@@ -14,10 +14,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from chunkstore.api.history_schema import metadata as api_metadata
 from sqlalchemy import create_engine
+from sqlalchemy.exc import DBAPIError
 
 from chunkstore import ChunkStore, ModelMismatchError, chain_pages
 from chunkstore.disk import migrations
-from chunkstore.disk.index import ChunkIndex, ChunkRow, IndexMissingError
+from chunkstore.disk.index import ChunkIndex, ChunkRow, IndexMissingError, NoRoomError, RoomLimits, sqlite_url
 from chunkstore.disk.maintenance import rebuild
 from chunkstore.disk.schema import metadata as disk_metadata
 from tests import test_store, test_store_delete
@@ -140,6 +141,58 @@ def test_one_statement_lookups_leave_the_pool_transactional(postgres_url):
         assert index.present(keys) == set(keys)
     finally:
         index.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_bounded_commit_checks_its_room_on_either_database(backend, tmp_path, request):
+    """The same row commit within limits on SQLite (the insert, then the check, in one
+    transaction) as on PostgreSQL (one pipeline): past a limit nothing goes in."""
+    url = sqlite_url(tmp_path) if backend == "sqlite" else request.getfixturevalue("postgres_url")
+    index = ChunkIndex(url)
+    try:
+        keys = [bytes([i]) * 32 for i in range(3)]
+        assert index.claim(keys, "w", 60.0) == set(keys)
+        rows = [ChunkRow(k, b"\0" * 32, "ns", 4, 10, 100, 1.0, 1.0) for k in keys]
+        for room in (RoomLimits(capacity_bytes=299), RoomLimits(quotas={"ns": 299})):
+            with pytest.raises(NoRoomError):
+                index.insert_claimed(rows, "w", room)
+            assert index.present(keys) == set() and index.stored_bytes() == 0 and index.claimed(keys) == set(keys)
+        assert index.insert_claimed(rows, "w", RoomLimits(capacity_bytes=300, quotas={"ns": 300})) == set(keys)
+        assert index.stored_bytes("ns") == 300
+    finally:
+        index.close()
+
+
+def test_a_bounded_commit_past_its_room_or_its_lock_timeout_commits_nothing(postgres_url):
+    """A bounded row commit (one pipeline: the room lock, the insert, the room check, COMMIT)
+    that finds no room raises NoRoomError and one whose lock wait times out raises a DBAPIError
+    with the database's code: in both, no row went in and the writer's claims are kept (the put
+    evicts and commits again, or fails its pages); the connection goes back to the pool usable,
+    and a commit within the room then goes in, counted as a pass through the room lock."""
+    index, other = ChunkIndex(postgres_url), ChunkIndex(postgres_url)
+    try:
+        keys = [bytes([i]) * 32 for i in range(4)]
+        assert index.claim(keys, "w", 60.0) == set(keys)
+        rows = [ChunkRow(k, b"\0" * 32, "ns", 4, 10, 100, 1.0, 1.0) for k in keys]
+        with pytest.raises(NoRoomError, match="capacity of 399 bytes"):
+            index.insert_claimed(rows, "w", RoomLimits(capacity_bytes=399))
+        with pytest.raises(NoRoomError, match="namespace quota of 300 bytes"):
+            index.insert_claimed(rows, "w", RoomLimits(quotas={"ns": 300, "other": 1}))
+        assert index.present(keys) == set() and index.stored_bytes() == 0
+        with other.engine.begin() as held:
+            other.dialect.lock_room(held, 30.0)  # another server's bounded commit, in progress
+            with pytest.raises(DBAPIError) as lock_wait, index.engine.begin() as conn:
+                index.dialect.insert_claimed_within(conn, rows, "w", RoomLimits(capacity_bytes=400), 0.2)
+        assert lock_wait.value.orig.sqlstate == "55P03"  # lock_not_available
+        assert index.present(keys) == set() and index.claimed(keys) == set(keys)
+        before = index.room_lock_stats()
+        assert index.insert_claimed(rows, "w", RoomLimits(capacity_bytes=400, quotas={"ns": 400})) == set(keys)
+        assert index.stored_bytes() == 400 and index.claimed(keys) == set()
+        after = index.room_lock_stats()
+        assert after.acquired == before.acquired + 1 and after.held_s > before.held_s
+    finally:
+        index.close()
+        other.close()
 
 
 def test_buffered_hits_are_written_in_one_statement_over_arrays(postgres_url):

@@ -44,7 +44,7 @@ from chunkstore.choices import Choice
 from chunkstore.disk import migrations
 # What differs between SQLite and PostgreSQL, and the URL helpers, owned there; importable from here.
 from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, EVICTOR_LOCK_KEY, ROOM_LOCK_KEY, IndexDialect,
-                                          IndexMissingError, LockStats,
+                                          IndexMissingError, LockStats, NoRoomError, RoomLimits,
                                           batches, db_files, dialect_for, display_url, index_backend,
                                           prepare_db_files, release_in, row_values, sqlite_path, sqlite_url,
                                           unchecked_checkout)
@@ -139,20 +139,6 @@ class NamespaceUsage:
     raw_bytes: int
     stored_bytes: int
     quota_bytes: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RoomLimits:
-    """What a bounded put's rows must fit within once committed: the tier's capacity (this
-    server's setting) and the quotas of the namespaces it puts into (``insert_claimed``)."""
-
-    capacity_bytes: int | None = None
-    quotas: dict[str, int] = dataclasses.field(default_factory=dict)  # namespace: its quota in bytes
-
-
-class NoRoomError(Exception):
-    """A bounded row commit that would have overfilled the tier or a namespace's quota: it was
-    rolled back, and nothing of it was committed (the put evicts, then commits again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -634,37 +620,10 @@ class ChunkIndex:
                 held, added = self.dialect.insert_claimed(conn, rows, writer)
             self._count_published(added)
             return held
-        waited_s = acquired_at = None
-        try:
-            with self._writing() as conn:
-                if room.capacity_bytes is not None:
-                    waited_s = self.dialect.lock_room(conn, EVICTOR_LOCK_TIMEOUT_S)
-                    acquired_at = time.perf_counter()
-                held, added = self.dialect.insert_claimed(conn, rows, writer)
-                if over := self._over_limits(conn, room, {r.namespace for r in rows}):
-                    raise NoRoomError(f"the rows would go past the {over}")  # (the transaction rolls back)
-        finally:
-            if acquired_at is not None:
-                self.dialect.count_room_lock(waited_s, time.perf_counter() - acquired_at)
+        with self._writing() as conn:  # (raises NoRoomError with nothing committed)
+            held, added = self.dialect.insert_claimed_within(conn, rows, writer, room, EVICTOR_LOCK_TIMEOUT_S)
         self._count_published(added)
         return held
-
-    @staticmethod
-    def _over_limits(conn: Connection, room: RoomLimits, namespaces: set[str]) -> str | None:
-        """Which of ``room``'s limits the stored bytes are past, in ``conn``'s transaction (None when
-        within all)."""
-        if room.capacity_bytes is not None:
-            total = conn.execute(select(func.coalesce(func.sum(namespace_usage.c.stored_bytes), 0))).scalar()
-            if int(total or 0) > room.capacity_bytes:
-                return f"capacity of {room.capacity_bytes} bytes"
-        quotas = {ns: q for ns, q in room.quotas.items() if ns in namespaces}
-        if quotas:
-            stmt = (select(namespace_usage.c.namespace, namespace_usage.c.stored_bytes)
-                    .where(namespace_usage.c.namespace.in_(list(quotas))))
-            for ns, stored in conn.execute(stmt):
-                if stored > quotas[ns]:
-                    return f"namespace quota of {quotas[ns]} bytes"
-        return None
 
     @_retried_on_conflict
     def release(self, keys: Iterable[bytes], writer: str) -> int:

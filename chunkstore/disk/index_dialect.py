@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
 
 from chunkstore.disk import migrations
 from chunkstore.disk.files import PRIVATE_FILE_MODE, make_private
-from chunkstore.disk.schema import chunk_claims, chunks
+from chunkstore.disk.schema import chunk_claims, chunks, namespace_usage
 
 DB_FILENAME = "index.db"
 BACKENDS = ("sqlite", "postgresql")
@@ -151,6 +151,37 @@ class LockStats:
     acquired: int = 0  # times this process took it
     waited_s: float = 0.0  # seconds spent waiting for it
     held_s: float = 0.0  # seconds this process held it (to its transaction's end)
+
+
+@dataclass(frozen=True, slots=True)
+class RoomLimits:
+    """What a bounded put's rows must fit within once committed: the tier's capacity (this
+    server's setting) and the quotas of the namespaces it puts into (``insert_claimed``)."""
+
+    capacity_bytes: int | None = None
+    quotas: dict[str, int] = field(default_factory=dict)  # namespace: its quota in bytes
+
+
+class NoRoomError(Exception):
+    """A bounded row commit that would have overfilled the tier or a namespace's quota: it was
+    rolled back, and nothing of it was committed (the put evicts, then commits again)."""
+
+
+def over_limits(conn: Connection, room: RoomLimits, namespaces: set[str]) -> str | None:
+    """Which of ``room``'s limits the stored bytes are past, read in ``conn``'s transaction (None
+    when within all)."""
+    if room.capacity_bytes is not None:
+        total = conn.execute(select(func.coalesce(func.sum(namespace_usage.c.stored_bytes), 0))).scalar()
+        if int(total or 0) > room.capacity_bytes:
+            return f"capacity of {room.capacity_bytes} bytes"
+    quotas = {ns: q for ns, q in room.quotas.items() if ns in namespaces}
+    if quotas:
+        stmt = (select(namespace_usage.c.namespace, namespace_usage.c.stored_bytes)
+                .where(namespace_usage.c.namespace.in_(list(quotas))))
+        for ns, stored in conn.execute(stmt):
+            if stored > quotas[ns]:
+                return f"namespace quota of {quotas[ns]} bytes"
+    return None
 
 
 class LockCounts:
@@ -279,8 +310,14 @@ class SqliteDialect:
     def evictor_lock_stats(self) -> LockStats:
         return LockStats()  # no lock across processes: one writer
 
-    def lock_room(self, conn: Connection, timeout_s: float) -> float:
-        return 0.0  # one writer, under the index's write lock: nothing to wait for
+    def insert_claimed_within(self, conn: Connection, rows: Sequence[Any], writer: str, room: RoomLimits,
+                              timeout_s: float) -> tuple[set[bytes], int]:
+        """``insert_claimed``, then the room it left checked in the same transaction; raises
+        NoRoomError past a limit (the caller's transaction then rolls back)."""
+        held, added = self.insert_claimed(conn, rows, writer)
+        if over := over_limits(conn, room, {r.namespace for r in rows}):
+            raise NoRoomError(f"the rows would go past the {over}")
+        return held, added
 
     def count_room_lock(self, waited_s: float, held_s: float) -> None:
         pass
@@ -335,6 +372,31 @@ _PG_COMMIT_CLAIMED = (
     f"SELECT * FROM unnest({', '.join(f'%({name})b::{kind}[]' for name, kind in _ROW_COLUMNS)}) AS r({_ROW_NAMES}) "
     "WHERE r.key IN (SELECT key FROM held) ON CONFLICT DO NOTHING RETURNING key) "
     "SELECT held.key, added.key IS NOT NULL FROM held LEFT JOIN added ON added.key = held.key")
+
+
+# A bounded commit's room lock, and the seconds it waited for it (the database's own clock).
+_PG_ROOM_LOCK = (f"SELECT set_config('lock_timeout', %(timeout)s, true), pg_advisory_xact_lock({ROOM_LOCK_KEY}), "
+                 "extract(epoch FROM clock_timestamp() - statement_timestamp())::float8")
+NO_ROOM_SQLSTATE = "CSNR1"  # raised by a bounded commit's room check (``_pg_room_check``)
+
+
+def _pg_room_check(room: RoomLimits, namespaces: set[str]) -> str:
+    """A statement that raises NO_ROOM_SQLSTATE when the stored bytes are past ``room``'s limits.
+    A DO block (no parameters): the limits are integers and the namespaces quoted literals."""
+    def text(value: str) -> str:
+        return "'" + value.replace("'", "''") + "'"  # (standard_conforming_strings: on since PostgreSQL 9.1)
+
+    checks = []
+    if room.capacity_bytes is not None:
+        cap = int(room.capacity_bytes)
+        checks.append(f"IF (SELECT coalesce(sum(stored_bytes), 0) FROM namespace_usage) > {cap} THEN "
+                      f"RAISE EXCEPTION 'capacity of {cap} bytes' USING ERRCODE = '{NO_ROOM_SQLSTATE}'; END IF;")
+    for ns, quota in sorted(room.quotas.items()):
+        if ns in namespaces:
+            checks.append(f"IF (SELECT stored_bytes FROM namespace_usage WHERE namespace = {text(ns)}) > {int(quota)} "
+                          f"THEN RAISE EXCEPTION 'namespace quota of {int(quota)} bytes' "
+                          f"USING ERRCODE = '{NO_ROOM_SQLSTATE}'; END IF;")
+    return "DO $room$ BEGIN " + " ".join(checks) + " END $room$"
 
 
 PING_IDLE_S = 1.0  # a pooled connection idle this long is checked before it is handed out
@@ -488,16 +550,56 @@ class PostgresDialect:
         return self._evictor_times.stats
 
     def lock_room(self, conn: Connection, timeout_s: float) -> float:
-        """Take the room lock in ``conn``'s transaction (to its end; waiting at most ``timeout_s``,
-        then sqlalchemy's OperationalError); returns the seconds waited. One statement: the
-        timeout is set first, as the select list is evaluated in order."""
-        began = time.perf_counter()
-        conn.exec_driver_sql(f"SELECT set_config('lock_timeout', '{int(timeout_s * 1000)}ms', true), "
-                             f"pg_advisory_xact_lock({ROOM_LOCK_KEY})")
-        return time.perf_counter() - began
+        """Take the room lock in ``conn``'s transaction, to its end, waiting at most ``timeout_s``
+        (then sqlalchemy's OperationalError); returns the seconds waited, as the database measured
+        them. (A bounded commit takes it in its pipeline: ``insert_claimed_within``.)"""
+        row = conn.exec_driver_sql(_PG_ROOM_LOCK, {"timeout": f"{int(timeout_s * 1000)}ms"}).one()
+        return float(row[2])
 
     def count_room_lock(self, waited_s: float, held_s: float) -> None:
         self._room_times.add(waited_s, held_s)
+
+    def insert_claimed_within(self, conn: Connection, rows: Sequence[Any], writer: str, room: RoomLimits,
+                              timeout_s: float) -> tuple[set[bytes], int]:
+        """``insert_claimed`` and the room check, committed, as one pipeline: the room lock (within
+        a capacity), the insert, the check (raising NO_ROOM_SQLSTATE past a limit) and COMMIT go
+        out together, so the fleet's room lock is held for the database's own work on them, not
+        across this process's round trips (each of which, on a busy machine, waits for a core).
+        Raises NoRoomError (the transaction failed: the caller rolls it back) or the driver's
+        error as a DBAPIError."""
+        pg = conn.connection.driver_connection
+        arrays = {name: [getattr(r, name) for r in rows] for name, _ in _ROW_COLUMNS}
+        lock = None
+        began = time.perf_counter()
+        try:
+            with pg.pipeline() as pipeline:
+                if room.capacity_bytes is not None:
+                    lock = pg.execute(_PG_ROOM_LOCK, {"timeout": f"{int(timeout_s * 1000)}ms"})
+                answer = pg.execute(_PG_COMMIT_CLAIMED, {"writer": writer, **arrays})
+                pg.execute(_pg_room_check(room, {r.namespace for r in rows}))
+                pg.execute("COMMIT")  # (the caller's transaction is left with nothing to commit)
+                pipeline.sync()
+        except conn.dialect.loaded_dbapi.Error as exc:
+            if getattr(exc, "sqlstate", None) == NO_ROOM_SQLSTATE:
+                raise NoRoomError(f"the rows would go past the {exc.diag.message_primary}") from None
+            raise DBAPIError.instance("room commit", None, exc, conn.dialect.loaded_dbapi.Error) from exc
+        finally:
+            if lock is not None:
+                self._count_room_pass(lock, time.perf_counter() - began, conn.dialect.loaded_dbapi.Error)
+        found = answer.fetchall()
+        return {bytes(k) for k, _ in found}, sum(1 for _, inserted in found if inserted)
+
+    def _count_room_pass(self, lock: Any, elapsed_s: float, errors: type[Exception]) -> None:
+        """Count a pipelined pass through the room lock: its wait as the database measured it, its
+        hold as the rest of the pipeline's time (none when the lock was never granted); ``errors``:
+        the driver's base exception."""
+        try:
+            row = lock.fetchone()
+        except errors:  # the pipeline failed before the lock was granted
+            row = None
+        if row is not None:
+            waited_s = float(row[2])
+            self._room_times.add(waited_s, max(elapsed_s - waited_s, 0.0))
 
     def room_lock_stats(self) -> LockStats:
         """This process's waits for the room lock and holds of it, since the index opened."""
