@@ -233,8 +233,8 @@ def test_a_servers_passes_through_the_fleets_locks_are_counted(open_server, iden
         full = b.stored_bytes()
         c = open_server("c", capacity_bytes=full)  # full: its put must evict
         with other.evictor_lock():
-            waiting = threading.Thread(target=lambda: c.put(chain_pages(identity, list(range(3000, 3000 + identity.page_size))),
-                                                            kv_pages(identity, 1)))
+            evicting = chain_pages(identity, list(range(3000, 3000 + identity.page_size)))
+            waiting = threading.Thread(target=lambda: c.put(evicting, kv_pages(identity, 1)))
             waiting.start()
             _wait_for_a_lock_wait(other, "evictor lock")
             time.sleep(0.5)
@@ -260,7 +260,8 @@ def test_a_bounded_put_that_finds_room_does_not_wait_for_another_servers_evictio
     try:
         with other.evictor_lock():
             began = time.monotonic()
-            result = b.put(chain_pages(identity, list(range(1000, 1000 + identity.page_size * 2))), kv_pages(identity, 2))
+            pages = chain_pages(identity, list(range(1000, 1000 + identity.page_size * 2)))
+            result = b.put(pages, kv_pages(identity, 2))
             took_s = time.monotonic() - began
     finally:
         other.close()

@@ -185,6 +185,13 @@ def test_a_bounded_commit_past_its_room_or_its_lock_timeout_commits_nothing(post
                 index.dialect.insert_claimed_within(conn, rows, "w", RoomLimits(capacity_bytes=400), 0.2)
         assert lock_wait.value.orig.sqlstate == "55P03"  # lock_not_available
         assert index.present(keys) == set() and index.claimed(keys) == set(keys)
+        with pytest.raises(DBAPIError) as dropped, index.engine.begin() as conn:
+            backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            with other.engine.begin() as killer:  # the database restarted under this connection
+                killer.exec_driver_sql("SELECT pg_terminate_backend(%(pid)s)", {"pid": backend})
+            index.dialect.insert_claimed_within(conn, rows, "w", RoomLimits(capacity_bytes=400), 30.0)
+        assert dropped.value.connection_invalidated  # not handed out again
+        assert index.present(keys) == set() and index.claimed(keys) == set(keys)
         before = index.room_lock_stats()
         assert index.insert_claimed(rows, "w", RoomLimits(capacity_bytes=400, quotas={"ns": 400})) == set(keys)
         assert index.stored_bytes() == 400 and index.claimed(keys) == set()

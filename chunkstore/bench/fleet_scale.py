@@ -303,8 +303,8 @@ def summarize(servers: int, cfg: ScaleConfig, trace: TraceConfig, results: list[
 
 def _lock_figures(measured: list[dict], activity: probes.ActivitySummary, window_s: float) -> dict:
     """The fleet's evictor lock over the measured requests: sampled (held, waited for) and as the
-    servers' stores counted their puts' passes (held seconds per request: the model's figure; the
-    hold of one pass at p50 and p90: a put that finds room, and one that evicts, holds it longer)."""
+    servers' stores counted their puts' passes (``_passes``; held seconds per request: the
+    model's figure). Only a put that must evict takes it."""
     n = len(measured) or 1
     return {"waiting_share": activity.waiting_share, "mean_waiting": activity.mean_waiting,
             "held_share": activity.held_share, "samples": activity.samples,

@@ -53,13 +53,13 @@ from chunkstore.disk.schema import (SERVER_COUNTS, chunk_claims, chunks, counter
 
 EVICTOR_LOCK_TIMEOUT_S = 30.0  # how long an evictor waits for another to finish
 __all__ = [
-    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "NamespaceUsage", "NoRoomError", "RoomLimits",
-    "ServerCounts", "Victim",
+    "ChunkIndex", "ChunkOrder", "ChunkQuery", "ChunkRow", "NamespaceUsage", "ServerCounts", "Victim",
     "drop_index", "upgrade_index", "default_server_name", "EVICTOR_LOCK_TIMEOUT_S", "SERVER_EVENTS",
     "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S", "COUNTER_FLUSH_S",
     # owned by index_dialect.py
-    "BACKENDS", "DB_FILENAME", "EVICTOR_LOCK_KEY", "ROOM_LOCK_KEY", "IndexDialect", "IndexMissingError", "db_files", "dialect_for", "display_url",
-    "index_backend", "prepare_db_files", "sqlite_path", "sqlite_url",
+    "BACKENDS", "DB_FILENAME", "EVICTOR_LOCK_KEY", "ROOM_LOCK_KEY", "IndexDialect", "IndexMissingError",
+    "LockStats", "NoRoomError", "RoomLimits", "db_files", "dialect_for", "display_url", "index_backend",
+    "prepare_db_files", "sqlite_path", "sqlite_url",
 ]
 # Per-server counters (schema 0006): the events counted per server beside their namespace's counter
 # (``count_event``), and how often a write transaction carries them (an explicit flush always does,

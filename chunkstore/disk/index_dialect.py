@@ -319,9 +319,6 @@ class SqliteDialect:
             raise NoRoomError(f"the rows would go past the {over}")
         return held, added
 
-    def count_room_lock(self, waited_s: float, held_s: float) -> None:
-        pass
-
     def room_lock_stats(self) -> LockStats:
         return LockStats()
 
@@ -380,9 +377,10 @@ _PG_ROOM_LOCK = (f"SELECT set_config('lock_timeout', %(timeout)s, true), pg_advi
 NO_ROOM_SQLSTATE = "CSNR1"  # raised by a bounded commit's room check (``_pg_room_check``)
 
 
-def _pg_room_check(room: RoomLimits, namespaces: set[str]) -> str:
-    """A statement that raises NO_ROOM_SQLSTATE when the stored bytes are past ``room``'s limits.
-    A DO block (no parameters): the limits are integers and the namespaces quoted literals."""
+def _pg_room_check(room: RoomLimits, namespaces: set[str]) -> str | None:
+    """A statement that raises NO_ROOM_SQLSTATE when the stored bytes are past ``room``'s limits
+    (None when none applies to ``namespaces``). A DO block (no parameters): the limits are
+    integers and the namespaces quoted literals."""
     def text(value: str) -> str:
         return "'" + value.replace("'", "''") + "'"  # (standard_conforming_strings: on since PostgreSQL 9.1)
 
@@ -396,7 +394,7 @@ def _pg_room_check(room: RoomLimits, namespaces: set[str]) -> str:
             checks.append(f"IF (SELECT stored_bytes FROM namespace_usage WHERE namespace = {text(ns)}) > {int(quota)} "
                           f"THEN RAISE EXCEPTION 'namespace quota of {int(quota)} bytes' "
                           f"USING ERRCODE = '{NO_ROOM_SQLSTATE}'; END IF;")
-    return "DO $room$ BEGIN " + " ".join(checks) + " END $room$"
+    return "DO $room$ BEGIN " + " ".join(checks) + " END $room$" if checks else None
 
 
 PING_IDLE_S = 1.0  # a pooled connection idle this long is checked before it is handed out
@@ -556,9 +554,6 @@ class PostgresDialect:
         row = conn.exec_driver_sql(_PG_ROOM_LOCK, {"timeout": f"{int(timeout_s * 1000)}ms"}).one()
         return float(row[2])
 
-    def count_room_lock(self, waited_s: float, held_s: float) -> None:
-        self._room_times.add(waited_s, held_s)
-
     def insert_claimed_within(self, conn: Connection, rows: Sequence[Any], writer: str, room: RoomLimits,
                               timeout_s: float) -> tuple[set[bytes], int]:
         """``insert_claimed`` and the room check, committed, as one pipeline: the room lock (within
@@ -568,7 +563,9 @@ class PostgresDialect:
         Raises NoRoomError (the transaction failed: the caller rolls it back) or the driver's
         error as a DBAPIError."""
         pg = conn.connection.driver_connection
+        errors = conn.dialect.loaded_dbapi.Error
         arrays = {name: [getattr(r, name) for r in rows] for name, _ in _ROW_COLUMNS}
+        check = _pg_room_check(room, {r.namespace for r in rows})
         lock = None
         began = time.perf_counter()
         try:
@@ -576,16 +573,20 @@ class PostgresDialect:
                 if room.capacity_bytes is not None:
                     lock = pg.execute(_PG_ROOM_LOCK, {"timeout": f"{int(timeout_s * 1000)}ms"})
                 answer = pg.execute(_PG_COMMIT_CLAIMED, {"writer": writer, **arrays})
-                pg.execute(_pg_room_check(room, {r.namespace for r in rows}))
+                if check is not None:
+                    pg.execute(check)
                 pg.execute("COMMIT")  # (the caller's transaction is left with nothing to commit)
                 pipeline.sync()
-        except conn.dialect.loaded_dbapi.Error as exc:
+        except errors as exc:
             if getattr(exc, "sqlstate", None) == NO_ROOM_SQLSTATE:
                 raise NoRoomError(f"the rows would go past the {exc.diag.message_primary}") from None
-            raise DBAPIError.instance("room commit", None, exc, conn.dialect.loaded_dbapi.Error) from exc
+            gone = conn.dialect.is_disconnect(exc, pg, None)
+            if gone:  # as SQLAlchemy does for its own statements: the pool opens another
+                conn.invalidate(exc)
+            raise DBAPIError.instance("room commit", None, exc, errors, connection_invalidated=gone) from exc
         finally:
             if lock is not None:
-                self._count_room_pass(lock, time.perf_counter() - began, conn.dialect.loaded_dbapi.Error)
+                self._count_room_pass(lock, time.perf_counter() - began, errors)
         found = answer.fetchall()
         return {bytes(k) for k, _ in found}, sum(1 for _, inserted in found if inserted)
 
