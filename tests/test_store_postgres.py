@@ -146,19 +146,21 @@ def test_one_statement_lookups_leave_the_pool_transactional(postgres_url):
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_bounded_commit_checks_its_room_on_either_database(backend, tmp_path, request):
     """The same row commit within limits on SQLite (the insert, then the check, in one
-    transaction) as on PostgreSQL (one pipeline): past a limit nothing goes in."""
+    transaction) as on PostgreSQL (one pipeline): past a limit nothing goes in. A namespace is
+    any text (quotes, dollar quotes, SQL): it never becomes part of a statement."""
     url = sqlite_url(tmp_path) if backend == "sqlite" else request.getfixturevalue("postgres_url")
     index = ChunkIndex(url)
+    ns = "t$room$'; DROP TABLE chunks; --"
     try:
         keys = [bytes([i]) * 32 for i in range(3)]
         assert index.claim(keys, "w", 60.0) == set(keys)
-        rows = [ChunkRow(k, b"\0" * 32, "ns", 4, 10, 100, 1.0, 1.0) for k in keys]
-        for room in (RoomLimits(capacity_bytes=299), RoomLimits(quotas={"ns": 299})):
+        rows = [ChunkRow(k, b"\0" * 32, ns, 4, 10, 100, 1.0, 1.0) for k in keys]
+        for room in (RoomLimits(capacity_bytes=299), RoomLimits(quotas={ns: 299})):
             with pytest.raises(NoRoomError):
                 index.insert_claimed(rows, "w", room)
             assert index.present(keys) == set() and index.stored_bytes() == 0 and index.claimed(keys) == set(keys)
-        assert index.insert_claimed(rows, "w", RoomLimits(capacity_bytes=300, quotas={"ns": 300})) == set(keys)
-        assert index.stored_bytes("ns") == 300
+        assert index.insert_claimed(rows, "w", RoomLimits(capacity_bytes=300, quotas={ns: 300})) == set(keys)
+        assert index.stored_bytes(ns) == 300 and index.present(keys) == set(keys)
     finally:
         index.close()
 

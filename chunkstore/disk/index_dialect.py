@@ -13,6 +13,7 @@ server-side, and one that allows no transaction (statement mode) is refused when
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -374,27 +375,37 @@ _PG_COMMIT_CLAIMED = (
 # A bounded commit's room lock, and the seconds it waited for it (the database's own clock).
 _PG_ROOM_LOCK = (f"SELECT set_config('lock_timeout', %(timeout)s, true), pg_advisory_xact_lock({ROOM_LOCK_KEY}), "
                  "extract(epoch FROM clock_timestamp() - statement_timestamp())::float8")
-NO_ROOM_SQLSTATE = "CSNR1"  # raised by a bounded commit's room check (``_pg_room_check``)
+NO_ROOM_SQLSTATE = "CSNR1"  # raised by a bounded commit's room check (_PG_ROOM_CHECK)
+# The room check: constant text (nothing of a request's is ever spliced into it), reading the
+# limits from a transaction-local setting that a parameterized statement sets first
+# (``_room_setting``): {"capacity": bytes or null, "quotas": {namespace: bytes}}.
+_PG_ROOM_SETTING = "SELECT set_config('chunkstore.room', %(room)s, true)"
+_PG_ROOM_CHECK = f"""DO $room$
+DECLARE
+    room jsonb := current_setting('chunkstore.room')::jsonb;
+    over text;
+BEGIN
+    IF room->>'capacity' IS NOT NULL
+       AND (SELECT coalesce(sum(stored_bytes), 0) FROM namespace_usage) > (room->>'capacity')::bigint THEN
+        RAISE EXCEPTION 'capacity of % bytes', room->>'capacity' USING ERRCODE = '{NO_ROOM_SQLSTATE}';
+    END IF;
+    SELECT format('namespace quota of %s bytes', q.value) INTO over
+      FROM jsonb_each_text(room->'quotas') AS q JOIN namespace_usage AS u ON u.namespace = q.key
+     WHERE u.stored_bytes > q.value::bigint LIMIT 1;
+    IF over IS NOT NULL THEN
+        RAISE EXCEPTION '%', over USING ERRCODE = '{NO_ROOM_SQLSTATE}';
+    END IF;
+END $room$"""
 
 
-def _pg_room_check(room: RoomLimits, namespaces: set[str]) -> str | None:
-    """A statement that raises NO_ROOM_SQLSTATE when the stored bytes are past ``room``'s limits
-    (None when none applies to ``namespaces``). A DO block (no parameters): the limits are
-    integers and the namespaces quoted literals."""
-    def text(value: str) -> str:
-        return "'" + value.replace("'", "''") + "'"  # (standard_conforming_strings: on since PostgreSQL 9.1)
-
-    checks = []
-    if room.capacity_bytes is not None:
-        cap = int(room.capacity_bytes)
-        checks.append(f"IF (SELECT coalesce(sum(stored_bytes), 0) FROM namespace_usage) > {cap} THEN "
-                      f"RAISE EXCEPTION 'capacity of {cap} bytes' USING ERRCODE = '{NO_ROOM_SQLSTATE}'; END IF;")
-    for ns, quota in sorted(room.quotas.items()):
-        if ns in namespaces:
-            checks.append(f"IF (SELECT stored_bytes FROM namespace_usage WHERE namespace = {text(ns)}) > {int(quota)} "
-                          f"THEN RAISE EXCEPTION 'namespace quota of {int(quota)} bytes' "
-                          f"USING ERRCODE = '{NO_ROOM_SQLSTATE}'; END IF;")
-    return "DO $room$ BEGIN " + " ".join(checks) + " END $room$" if checks else None
+def _room_setting(room: RoomLimits, namespaces: set[str]) -> str | None:
+    """``room``'s limits that apply to rows of ``namespaces``, as the room check reads them (None
+    when none does)."""
+    quotas = {ns: int(q) for ns, q in room.quotas.items() if ns in namespaces}
+    if room.capacity_bytes is None and not quotas:
+        return None
+    return json.dumps({"capacity": None if room.capacity_bytes is None else int(room.capacity_bytes),
+                       "quotas": quotas})
 
 
 PING_IDLE_S = 1.0  # a pooled connection idle this long is checked before it is handed out
@@ -565,7 +576,7 @@ class PostgresDialect:
         pg = conn.connection.driver_connection
         errors = conn.dialect.loaded_dbapi.Error
         arrays = {name: [getattr(r, name) for r in rows] for name, _ in _ROW_COLUMNS}
-        check = _pg_room_check(room, {r.namespace for r in rows})
+        setting = _room_setting(room, {r.namespace for r in rows})
         lock = None
         began = time.perf_counter()
         try:
@@ -573,8 +584,9 @@ class PostgresDialect:
                 if room.capacity_bytes is not None:
                     lock = pg.execute(_PG_ROOM_LOCK, {"timeout": f"{int(timeout_s * 1000)}ms"})
                 answer = pg.execute(_PG_COMMIT_CLAIMED, {"writer": writer, **arrays})
-                if check is not None:
-                    pg.execute(check)
+                if setting is not None:
+                    pg.execute(_PG_ROOM_SETTING, {"room": setting})
+                    pg.execute(_PG_ROOM_CHECK)
                 pg.execute("COMMIT")  # (the caller's transaction is left with nothing to commit)
                 pipeline.sync()
         except errors as exc:
