@@ -679,6 +679,20 @@ def test_a_quota_set_on_one_server_bounds_another_that_put_in_the_namespace_befo
         assert b.stored_bytes("q") <= 2 * size
 
 
+def _bounded_tier(servers, bound: str, pages: int) -> tuple[ChunkStore, int, dict]:
+    """A probe server, the stored size of one page (measured, then deleted), and the options that
+    bound the tier to ``pages`` such pages: a capacity, or a quota on namespace "q" (set here)."""
+    probe = servers.open("probe", codec=Codec.NONE)
+    sample = _single_pages("q", 1, first=900)
+    assert probe.put(sample, kv_pages(TINY, 1)).ok
+    size = _page_bytes(probe, sample)
+    probe.delete([sample[0].key])
+    if bound == "quota":
+        probe.set_quota("q", pages * size)
+        return probe, size, {}
+    return probe, size, {"capacity_bytes": pages * size}
+
+
 @pytest.mark.slow  # several seconds: CI runs it, the fast subset does not
 @pytest.mark.parametrize("bound", ["capacity", "quota"])
 def test_concurrent_puts_of_two_servers_keep_the_tier_within_its_bound(servers, bound):
@@ -686,14 +700,7 @@ def test_concurrent_puts_of_two_servers_keep_the_tier_within_its_bound(servers, 
     room and waits before its rows (an InsertGate on its index) while server b's put runs; then a
     commits. The tier must never hold more than its bound."""
     gate = InsertGate()
-    probe = servers.open("probe", codec=Codec.NONE)
-    sample = _single_pages("q", 1, first=500)
-    assert probe.put(sample, kv_pages(TINY, 1)).ok
-    size = _page_bytes(probe, sample)
-    probe.delete([sample[0].key])
-    limit = {"capacity_bytes": 6 * size} if bound == "capacity" else {}
-    if bound == "quota":
-        probe.set_quota("q", 6 * size)
+    _, size, limit = _bounded_tier(servers, bound, 6)
     a = servers.open("a", codec=Codec.NONE, index_factory=faulty_index(IndexFaults(hold_inserts=gate)), **limit)
     b = servers.open("b", codec=Codec.NONE, **limit)
     pages = _single_pages("q", 8)
@@ -719,14 +726,7 @@ def test_many_servers_bounded_puts_at_once_never_overfill_the_tier(servers, boun
     lock, and the rest evict and commit again. A watcher reading the tier's usage from the
     database meanwhile never sees it over the bound, every page is stored or fails for want of
     room, and afterwards every row has its object and no claim is left."""
-    probe = servers.open("probe", codec=Codec.NONE)
-    sample = _single_pages("q", 1, first=900)
-    assert probe.put(sample, kv_pages(TINY, 1)).ok
-    size = _page_bytes(probe, sample)
-    probe.delete([sample[0].key])
-    limit = {"capacity_bytes": 5 * size} if bound == "capacity" else {}
-    if bound == "quota":
-        probe.set_quota("q", 5 * size)
+    probe, size, limit = _bounded_tier(servers, bound, 5)
     fleet = [servers.open(name, codec=Codec.NONE, **limit) for name in "abcd"]
     watcher = ChunkIndex(postgres_url)
     seen: list[int] = []

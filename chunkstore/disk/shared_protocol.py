@@ -32,7 +32,7 @@ from chunkstore.disk.file_check import FileStatus
 from chunkstore.disk.index import ChunkRow, NoRoomError, RoomLimits
 from chunkstore.disk.keys import PageRef
 from chunkstore.disk.payloads import PayloadsUnavailable, Staged
-from chunkstore.disk.protocol import StoreProtocol, Todo
+from chunkstore.disk.protocol import StoreProtocol, Todo, Written
 from chunkstore.disk.results import (BUCKET_LISTING_META, PutResult, SharedTierStats, StoreStats, SweepResult,
                                      listing_of, server_stats)
 from chunkstore.disk.sweep import sweep
@@ -176,7 +176,8 @@ class SharedProtocol(StoreProtocol):
             if evicted:
                 self.delete_claimed_objects(evicted)
 
-    def commit_bounded(self, todo: Todo, written, result: PutResult, quotas: dict[str, int | None]) -> list[bytes]:
+    def commit_bounded(self, todo: Todo, written: Written, result: PutResult,
+                       quotas: dict[str, int | None]) -> list[bytes]:
         """First without the evictor lock: the rows are committed in a transaction that checks
         the room they leave (``index.insert_claimed`` with the limits), and most puts find room.
         One that does not was rolled back whole; it then evicts under the evictor lock and
