@@ -158,7 +158,8 @@ def test_a_sealed_store_is_timed_beside_the_unsealed_one(tmp_path):
     r = json.loads(out.read_text())
     for key in ("sealed_save_gbps", "sealed_load_gbps", "sealed_save_cpu_s_per_gb", "sealed_load_cpu_s_per_gb",
                 "seal_aead_gbps_per_core", "open_aead_gbps_per_core", "seal_cipher_cpu_s_per_gb",
-                "open_cipher_cpu_s_per_gb", "sealed_save_vs_unsealed", "sealed_load_vs_unsealed"):
+                "open_cipher_cpu_s_per_gb", "sealed_save_vs_unsealed", "sealed_load_vs_unsealed",
+                "seal_code_cpu_s_per_gb", "open_code_cpu_s_per_gb", "seal_code_vs_cipher", "open_code_vs_cipher"):
         assert math.isfinite(r[key]) and r[key] > 0, key
     for key in ("seal_extra_cpu_s_per_gb", "open_extra_cpu_s_per_gb", "seal_extra_vs_cipher", "open_extra_vs_cipher"):
         assert math.isfinite(r[key]), key  # a difference of two measurements: either sign

@@ -21,7 +21,7 @@ from chunkstore.disk.keyring import SEAL_META
 from chunkstore.disk.payloads import PayloadsUnavailable
 from chunkstore.disk.seal_keys import (ENV_KEY, EnvKeyProvider, FileKeyProvider, MasterKey, SealKeyError, key_text,
                                        seal_key_provider, write_key_file)
-from chunkstore.disk.sealing import PREAMBLE_BYTES, SEAL_MAGIC, AuthenticationError, NamespaceKeys, open_sealed, seal
+from chunkstore.disk.sealing import PREAMBLE_BYTES, SEAL_MAGIC, SEAL_OVERHEAD_BYTES, AuthenticationError, NamespaceKeys, open_sealed, seal
 from chunkstore.testing.tensors import same_bytes
 from tests.helpers import TINY, kv_pages
 from tests.helpers.corruption import chunk_bytes
@@ -132,6 +132,23 @@ def test_no_file_or_index_row_holds_a_prompt_and_guessed_names_match_nothing(tmp
     assert store.longest_prefix([p.key for p in pages], namespace="tenant-a") == len(pages)
     assert all(same_bytes(t, want) for t, want in zip(store.get(pages), tensors))
     assert store.stats().sealed
+
+
+def test_a_sealed_stores_figures_count_what_it_sealed_opened_and_named(tmp_path, sealed):
+    store, pages, tensors = sealed
+    before = store.stats().sealing_work
+    stored_bytes = store.stats().stored_bytes  # sealed payloads: each chunk file and 62 bytes of seal
+    assert before.sealed_chunks == 8 and before.opened_chunks == 0
+    assert before.sealed_bytes == stored_bytes - 8 * SEAL_OVERHEAD_BYTES
+    assert before.seal_cpu_s > 0 and before.named_keys >= 16  # each page's key and its parent's
+    assert all(same_bytes(t, want) for t, want in zip(store.get(pages), tensors))
+    after = store.stats().sealing_work
+    assert after.opened_chunks == len(pages) and after.open_cpu_s > 0
+    assert after.opened_bytes == sum(r.stored_bytes for r in store.chunk_rows(
+        [s.key for s in store.sealing.stored_pages(pages)]).values())
+    assert after.name_cpu_s > before.name_cpu_s and after.sealed_chunks == 8
+    with ChunkStore(tmp_path / "plain", TINY) as plain:  # a store without a key has nothing to count
+        assert plain.put(pages, tensors).ok and plain.stats().sealing_work is None
 
 
 def test_a_sealed_chunk_shows_only_magic_version_key_id_and_nonce(sealed):

@@ -165,9 +165,25 @@ class SnapshotCollector(Collector):
             family.add_metric([], value)
             yield family
         yield from SnapshotCollector._write_health(s.write_health)
+        if s.sealing_work is not None:
+            yield from SnapshotCollector._sealing(s.sealing_work)
         if s.shared is not None:
             yield from SnapshotCollector._lock("evictor_lock", "evictor lock", s.shared.evictor_lock)
             yield from SnapshotCollector._lock("room_lock", "room lock (bounded row commits)", s.shared.room_lock)
+
+    @staticmethod
+    def _sealing(w) -> Iterator[Metric]:
+        """A sealed store's sealing since the server started: the rate of a ``*_cpu_seconds`` over
+        its bytes' rate is what sealing costs a byte, the cores it takes at the server's load."""
+        for name, value, doc in (("disk_sealed_bytes", w.sealed_bytes, "bytes of chunk files sealed"),
+                                 ("disk_seal_cpu_seconds", w.seal_cpu_s, "CPU seconds spent sealing chunks"),
+                                 ("disk_opened_bytes", w.opened_bytes, "bytes of sealed chunks opened"),
+                                 ("disk_open_cpu_seconds", w.open_cpu_s, "CPU seconds spent opening sealed chunks"),
+                                 ("disk_named_keys", w.named_keys, "chain keys turned into keyed stored names"),
+                                 ("disk_name_cpu_seconds", w.name_cpu_s, "CPU seconds spent naming keys")):
+            family = _counter(name, doc + " (since the server started)")
+            family.add_metric([], value)
+            yield family
 
     @staticmethod
     def _lock(prefix: str, what: str, lock) -> Iterator[Metric]:

@@ -31,6 +31,7 @@ from chunkstore.disk.codec import CorruptChunkError
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.index_dialect import dialect_for
 from chunkstore.disk.keys import PageRef
+from chunkstore.disk.results import SealingWork
 from chunkstore.disk.schema import seal_keys, store_meta
 from chunkstore.disk.seal_keys import KeyProvider, MasterKey, SealKeyError
 from chunkstore.disk.sealing import (AuthenticationError, NamespaceKeys, is_sealed, open_sealed, seal, sealed_key_id,
@@ -173,6 +174,7 @@ class Keyring:
         self._by_namespace: dict[str, tuple[NamespaceKeys | None, float]] = {}
         self._namespace_of: dict[bytes, str] = {}  # key id -> its namespace, for the keys cached above
         self._warned: dict[str, float] = {}  # namespace -> when its unusable key row was last logged
+        self._work = _WorkCounts()
 
     @property
     def master_key_id(self) -> str:
@@ -271,11 +273,16 @@ class Keyring:
         with self._lock:
             self._drop(namespace)
 
+    def work(self) -> SealingWork:
+        """What this keyring sealed, opened and named since the store opened, and its CPU."""
+        return self._work.snapshot()
+
     # -- what the store calls --------------------------------------------------------------
 
     def stored_pages(self, pages: Sequence[PageRef], create: bool = False) -> list[PageRef | None]:
         """Each page as the store keeps it: under its stored name, its parent's too (its token ids
         and namespace as they are); None for a page whose namespace has no keys."""
+        c0 = time.thread_time()
         keys_of: dict[str, NamespaceKeys | None] = {}
         out: list[PageRef | None] = []
         for p in pages:
@@ -284,6 +291,7 @@ class Keyring:
             keys = keys_of[p.namespace]
             out.append(None if keys is None else dataclasses.replace(p, key=keys.name(p.key),
                                                                      parent_key=keys.name(p.parent_key)))
+        self._work.add("name", 2 * len(pages), 0, time.thread_time() - c0)
         return out
 
     def names(self, namespace: str | None, keys: Sequence[bytes]) -> list[bytes | None]:
@@ -291,17 +299,23 @@ class Keyring:
         ``namespace`` None: ``keys`` are stored names already."""
         if namespace is None:
             return list(keys)
+        c0 = time.thread_time()
         ns_keys = self.usable_keys(namespace)
-        return [None] * len(keys) if ns_keys is None else [ns_keys.name(k) for k in keys]
+        names = [None] * len(keys) if ns_keys is None else [ns_keys.name(k) for k in keys]
+        self._work.add("name", len(keys), 0, time.thread_time() - c0)
+        return names
 
     def seal(self, page: PageRef, segments: list, size: int) -> tuple[list, int]:
         """The sealed payload of the chunk file ``segments`` of the stored ``page``. Raises
         OSError when its namespace lost its keys meanwhile (a shred): the page fails."""
+        c0 = time.thread_time()
         keys = self.usable_keys(page.namespace)
         if keys is None:
             raise OSError(f"namespace {page.namespace!r} has no usable seal key (shredded, or its key row does "
                           "not open)")
-        return seal(keys, page.key, self.binding, segments)
+        sealed = seal(keys, page.key, self.binding, segments)
+        self._work.add("seal", 1, size, time.thread_time() - c0)
+        return sealed
 
     def open(self, name: bytes, data: memoryview, namespace: str | None = None
              ) -> tuple[memoryview, NamespaceKeys]:
@@ -309,15 +323,44 @@ class Keyring:
         (those of ``namespace`` when given, else those its key id names). Raises
         AuthenticationError; SealKeyError when the keys' row does not open with this master key
         (then nothing is known of the chunk: a rotated key, or an altered row)."""
-        key_id = sealed_key_id(data)
-        keys = self.keys_for(namespace) if namespace is not None else self.keys_by_id(key_id)
-        if keys is None:
-            raise AuthenticationError(f"sealed under key id {key_id.hex()}, which this store does not hold "
-                                      "(a shredded namespace's, or forged)")
-        return open_sealed(keys, name, self.binding, data), keys
+        c0 = time.thread_time()
+        try:
+            key_id = sealed_key_id(data)
+            keys = self.keys_for(namespace) if namespace is not None else self.keys_by_id(key_id)
+            if keys is None:
+                raise AuthenticationError(f"sealed under key id {key_id.hex()}, which this store does not hold "
+                                          "(a shredded namespace's, or forged)")
+            return open_sealed(keys, name, self.binding, data), keys
+        finally:
+            self._work.add("open", 1, len(data), time.thread_time() - c0)
 
 
 Sealing = PlainSealing | Keyring
+
+
+class _WorkCounts:
+    """A keyring's running counts (SealingWork), added to by every thread that seals, opens or names."""
+
+    _FIELDS = {"seal": ("sealed_chunks", "sealed_bytes", "seal_cpu_s"),
+               "open": ("opened_chunks", "opened_bytes", "open_cpu_s"),
+               "name": ("named_keys", None, "name_cpu_s")}
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {}
+
+    def add(self, op: str, count: int, size_bytes: int, cpu_s: float) -> None:
+        count_field, bytes_field, cpu_field = self._FIELDS[op]
+        with self._lock:
+            v = self._values
+            v[count_field] = v.get(count_field, 0) + count
+            v[cpu_field] = v.get(cpu_field, 0.0) + cpu_s
+            if bytes_field is not None:
+                v[bytes_field] = v.get(bytes_field, 0) + size_bytes
+
+    def snapshot(self) -> SealingWork:
+        with self._lock:
+            return SealingWork(**self._values)
 
 
 @dataclass(slots=True)

@@ -157,6 +157,23 @@ class SharedTierStats:
 
 
 @dataclass(frozen=True, slots=True)
+class SealingWork:
+    """What a sealed store's sealing did in this process since the store opened: chunks and bytes
+    sealed and opened, keys named, and the CPU seconds of each (the calling threads' own CPU
+    clocks, around the sealing code alone: key lookups, the cipher, buffers), so its cost is
+    read where it is spent rather than as the small difference of two stores' totals."""
+
+    sealed_chunks: int = 0
+    sealed_bytes: int = 0  # chunk files (header and compressed planes) sealed
+    seal_cpu_s: float = 0.0
+    opened_chunks: int = 0  # sealed payloads opened, or refused (a failed open costs its CPU too)
+    opened_bytes: int = 0
+    open_cpu_s: float = 0.0
+    named_keys: int = 0  # chain keys turned into stored names (puts and lookups)
+    name_cpu_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStats:
     num_chunks: int
     raw_bytes: int
@@ -172,6 +189,7 @@ class StoreStats:
     namespaces: tuple[NamespaceStats, ...]
     auth_failures: int = 0  # a sealed store's chunks that failed authentication, kept in the index
     sealed: bool = False  # a sealed store (every chunk encrypted and authenticated, keyring.py)
+    sealing_work: SealingWork | None = None  # a sealed store's, in this process (None: not sealed)
     write_health: WriteHealth = WriteHealth()  # this process's view: failures since the store opened
     shared: SharedTierStats | None = None  # a shared tier's own figures; None for a store of its own
 

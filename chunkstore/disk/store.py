@@ -570,7 +570,7 @@ class ChunkStore(NamespaceChecks, IndexReads, EvictionOps, SealOps):
         stats = store_stats(self._index.counter_values(), self._index.usage(), self.capacity_bytes,
                             self._writes.health())
         if self.sealing.is_sealed:
-            stats = dataclasses.replace(stats, sealed=True)
+            stats = dataclasses.replace(stats, sealed=True, sealing_work=self.sealing.work())
         return self._protocol.stats(stats)
 
     def evictor_lock_stats(self) -> LockStats:

@@ -40,7 +40,16 @@ def test_a_sealed_stores_figures_and_its_chunks_for_their_own_tenant(sealed_serv
     with sealed_server.client() as c:
         disk = c.get("/stats").json()["disk"]
         assert disk["sealed"] and disk["auth_failures"] == 0 and disk["num_chunks"] == 6
-        assert "chunkstore_disk_sealed 1.0" in c.get("/metrics").text
+        metrics = c.get("/metrics").text
+        assert "chunkstore_disk_sealed 1.0" in metrics
+    with sealed_server.backend.using_store() as store:  # the server's own store, in this process
+        assert store.get(sealed_server.pages[:2]) != [None, None]
+    with sealed_server.client() as c:
+        work = c.get("/stats").json()["disk"]["sealing_work"]
+        assert work["opened_chunks"] == 2 and work["opened_bytes"] > 0 and work["open_cpu_s"] > 0
+        assert work["sealed_chunks"] == 0  # the chunks were sealed by another process
+        metrics = c.get("/metrics").text
+        assert "chunkstore_disk_opened_bytes_total" in metrics and "chunkstore_disk_open_cpu_seconds_total" in metrics
     with sealed_server.client(TENANT) as c:
         detail = c.get(f"/chunks/{name}").json()
         assert detail["file"]["status"] == "ok" and detail["token_ids"] == list(range(TINY.page_size))

@@ -144,6 +144,27 @@ class LockPublic(BaseModel):
         return cls(acquired=s.acquired, waited_s=s.waited_s, held_s=s.held_s)
 
 
+class SealingWorkPublic(BaseModel):
+    """A sealed store's sealing in this server since it started: what it sealed, opened and
+    named, and the CPU seconds each took (the sealing code's own threads' CPU: key lookups, the
+    cipher, buffers). CPU seconds over bytes is what sealing costs per byte (docs/SECURITY.md)."""
+
+    sealed_chunks: int = Field(description="chunks sealed (puts)")
+    sealed_bytes: int = Field(description="bytes sealed: the compressed chunk files")
+    seal_cpu_s: float = Field(description="CPU seconds sealing took")
+    opened_chunks: int = Field(description="sealed chunks opened (loads, verifies), or refused")
+    opened_bytes: int = Field(description="bytes of the sealed chunks opened")
+    open_cpu_s: float = Field(description="CPU seconds opening took")
+    named_keys: int = Field(description="chain keys turned into their keyed stored names (puts and lookups)")
+    name_cpu_s: float = Field(description="CPU seconds naming took")
+
+    @classmethod
+    def of(cls, w) -> "SealingWorkPublic":
+        return cls(sealed_chunks=w.sealed_chunks, sealed_bytes=w.sealed_bytes, seal_cpu_s=w.seal_cpu_s,
+                   opened_chunks=w.opened_chunks, opened_bytes=w.opened_bytes, open_cpu_s=w.open_cpu_s,
+                   named_keys=w.named_keys, name_cpu_s=w.name_cpu_s)
+
+
 class SharedTierPublic(BaseModel):
     """A shared tier (many servers on one PostgreSQL index and one bucket, docs/FLEET.md) as this
     server sees it; the disk figures beside it are the whole tier's."""
@@ -197,6 +218,8 @@ class DiskPublic(BaseModel):
     write_errors: int | None = Field(None, description="failed page writes, kept in the index across restarts; "
                                                       "store-wide only")
     write_health: WriteHealthPublic | None = Field(None, description="store-wide only")
+    sealing_work: SealingWorkPublic | None = Field(None, description="a sealed store's sealing in this server "
+                                                                     "since it started (store-wide only)")
     shared_tier: SharedTierPublic | None = Field(None, description="a shared tier's own figures (store-wide "
                                                                    "only; none for a store of its own)")
     read_only: bool
@@ -206,7 +229,9 @@ class DiskPublic(BaseModel):
         return cls(num_chunks=s.num_chunks, raw_bytes=s.raw_bytes, stored_bytes=s.stored_bytes,
                    capacity_bytes=s.capacity_bytes, compression_ratio=s.compression_ratio, hits=s.hits,
                    misses=s.misses, dedup_hits=s.dedup_hits, evictions=s.evictions, quarantined=s.quarantined,
-                   sealed=s.sealed, auth_failures=s.auth_failures, write_errors=s.write_errors, write_health=WriteHealthPublic.of(s.write_health),
+                   sealed=s.sealed, auth_failures=s.auth_failures, write_errors=s.write_errors,
+                   write_health=WriteHealthPublic.of(s.write_health),
+                   sealing_work=SealingWorkPublic.of(s.sealing_work) if s.sealing_work is not None else None,
                    shared_tier=SharedTierPublic.of(s.shared) if s.shared is not None else None,
                    read_only=read_only)
 
