@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from chunkstore.disk import chunkfile
 from chunkstore.disk import codec as codec_module
 from chunkstore.disk.chunkfile import (
-    FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES, ChunkHeader, decode_chunk, decode_header, encode_header,
-    make_header,
+    FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES, MAX_NAMESPACE_BYTES, MAX_NDIM, ChunkHeader, decode_chunk, decode_header,
+    encode_header, make_header, max_header_bytes,
 )
 from chunkstore.disk.codec import Codec, CorruptChunkError, Plane, PlaneCodec, encode
 from chunkstore.disk.identity import DTYPE_CODES, DTYPE_ITEMSIZE
@@ -195,6 +195,18 @@ def test_round_trip_of_any_header(dtype, codec, kind, namespace, tokens, parent)
     chunk = build_chunk(dtype, codec, kind, (1, 2, 4, 2, 8), namespace, tuple(tokens), parent)
     header, out = decode(chunk.data, expect_dtype=dtype, expect_shape=(1, 2, 4, 2, 8))
     assert header == chunk.header and out.tobytes() == chunk.raw
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=1024).filter(lambda ns: len(ns.encode()) <= MAX_NAMESPACE_BYTES),
+       st.integers(1, 64), st.integers(1, 8), st.sampled_from([1, 2, 4]))
+def test_max_header_bytes_bounds_every_header(namespace, num_tokens, ndim, num_planes):
+    header = ChunkHeader(key=b"k" * 32, parent_key=b"p" * 32, namespace=namespace, token_ids=(2**32 - 1,) * num_tokens,
+                         dtype="float32", shape=(3,) * ndim, codec=Codec.ZSTD_SPLIT, raw_size_bytes=4 * 3**ndim,
+                         checksum=b"c" * 16, planes=(Plane(PlaneCodec.ZSTD, 2**40),) * num_planes)
+    assert len(encode_header(header)) <= max_header_bytes(num_tokens, num_planes)
+    longest = dataclasses.replace(header, namespace="n" * MAX_NAMESPACE_BYTES, shape=(3,) * MAX_NDIM)
+    assert len(encode_header(longest)) == max_header_bytes(num_tokens, num_planes)  # the bound is tight
 
 
 def test_a_destination_of_the_wrong_size_is_refused():

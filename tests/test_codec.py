@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunkstore.disk.codec import (
-    Codec, CorruptChunkError, EncodedPayload, Plane, PlaneCodec, check_planes, decode_into, encode,
+    Codec, CorruptChunkError, EncodedPayload, Plane, PlaneCodec, check_planes, decode_into, encode, encode_into,
 )
 
 DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
@@ -135,6 +135,28 @@ def test_encode_and_decode_are_thread_safe():
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(work, pages)) == serial
     assert all(out == page_bytes(t).tobytes() for t, (_, out) in zip(pages, serial))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float8_e4m3fn"])
+@pytest.mark.parametrize("codec", list(Codec))
+def test_encode_into_lays_the_planes_end_to_end_in_a_reused_buffer(dtype, codec):
+    """The store's writer: one buffer for every page, each page's planes contiguous from its
+    start (the chunk file is one segment), the same planes as ``encode``, whatever the buffer
+    held before (a page stored after a larger or less compressible one)."""
+    itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    out = np.full(4 * int(np.prod(LARGE_SHAPE)) + 64, 0xA5, dtype=np.uint8)
+    for kind in ("random", "kv", "zeros", "kv"):
+        raw = page_bytes(make_page(dtype, kind, LARGE_SHAPE))
+        encoded = encode_into(raw, itemsize, codec, out)
+        payload = b"".join(bytes(s) for s in encoded.segments)
+        assert payload == bytes(memoryview(out)[:encoded.stored_size_bytes])  # end to end, from the start
+        assert encoded.stored_size_bytes <= raw.nbytes
+        assert encoded.planes == encode(raw, itemsize, codec).planes
+        back = np.empty(raw.nbytes, dtype=np.uint8)
+        decode_into(memoryview(payload), encoded.planes, codec, itemsize, back)
+        assert back.tobytes() == raw.tobytes()
+    with pytest.raises(ValueError, match="at least"):
+        encode_into(raw, itemsize, codec, np.empty(raw.nbytes - 1, dtype=np.uint8))
 
 
 # -- the probe: a plane over 128 KiB whose first 64 KiB save < 2% is stored raw ----------------

@@ -130,7 +130,7 @@ def test_concurrent_puts_of_one_key_do_not_share_a_temp_file(tmp_path):
     results = {}
 
     def writing_segment(key, index):
-        if a_written.is_set() and index == 1:  # the second put: its header is out, the rest waits
+        if a_written.is_set() and index == 1:  # the second put: half its file is out, the rest waits
             b_half_written.set()
             assert b_resume.wait(20)
 

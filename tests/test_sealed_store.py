@@ -181,6 +181,25 @@ def test_a_chunk_opens_from_a_writable_read_buffer_and_a_flipped_bit_still_fails
         open_sealed(keys, name, binding, memoryview(damaged))
 
 
+def test_a_chunk_sealed_in_one_call_or_in_streamed_segments_has_one_format():
+    """The store seals a chunk file in one segment with one call; any other caller's segments are
+    streamed. Both are the same layout (preamble, ciphertext, tag): each opens with the other's
+    reader, and a payload moved under another name fails either way."""
+    keys = NamespaceKeys.generate("tenant-a")
+    name, binding = os.urandom(32), os.urandom(32)
+    chunk = os.urandom(200_003)
+    one, one_size = seal(keys, name, binding, [memoryview(chunk)])
+    one_payload = b"".join(bytes(s) for s in one)  # (copied before the next seal reuses the buffer)
+    streamed, streamed_size = seal(keys, name, binding, [chunk[:7], chunk[7:150_000], chunk[150_000:]])
+    streamed_payload = b"".join(bytes(s) for s in streamed)
+    assert one_size == streamed_size == len(chunk) + SEAL_OVERHEAD_BYTES == len(one_payload)
+    assert one_payload[:PREAMBLE_BYTES - 28] == streamed_payload[:PREAMBLE_BYTES - 28]  # magic, version, key id
+    for payload in (one_payload, streamed_payload):
+        assert bytes(open_sealed(keys, name, binding, payload)) == chunk
+        with pytest.raises(AuthenticationError):
+            open_sealed(keys, os.urandom(32), binding, payload)
+
+
 # -- forgeries --------------------------------------------------------------------------------------
 
 def _forge(store, pages, tensors, victim: int, how: str) -> None:

@@ -54,6 +54,13 @@ class ChunkHeader:
         return sum(p.stored_size_bytes for p in self.planes)
 
 
+def max_header_bytes(num_tokens: int, num_planes: int) -> int:
+    """The most bytes ``encode_header`` makes for a page of ``num_tokens`` tokens and ``num_planes``
+    planes, whatever its namespace and shape (the writer leaves this much room before the payload)."""
+    return (_PREAMBLE.size + 2 * KEY_SIZE_BYTES + 2 + MAX_NAMESPACE_BYTES + 4 + 4 * num_tokens + 2 + 4 * MAX_NDIM
+            + _SIZES.size + CHECKSUM_SIZE_BYTES + 1 + _SIZES.size * num_planes + CHECKSUM_SIZE_BYTES)
+
+
 def encode_header(h: ChunkHeader) -> bytes:
     """Raises ValueError for a header the reader would reject (the writer never makes one)."""
     ns = h.namespace.encode()

@@ -110,54 +110,110 @@ def _num_planes(codec: Codec, itemsize: int) -> int:
     return itemsize if codec is Codec.ZSTD_SPLIT else 1
 
 
-def _compress_plane(plane: np.ndarray, level: int | None, probe: bool) -> tuple[Plane, memoryview | bytes]:
-    data = memoryview(plane)
-    if probe and plane.nbytes > 2 * _PROBE_BYTES:
-        sample = _compressor(level).compress(data[:_PROBE_BYTES])
-        if len(sample) > (1 - _MIN_SAVING) * _PROBE_BYTES:
-            return Plane(PlaneCodec.RAW, plane.nbytes), data
-    frame = _compressor(level).compress(data)
-    if len(frame) >= plane.nbytes:
-        return Plane(PlaneCodec.RAW, plane.nbytes), data
-    return Plane(PlaneCodec.ZSTD, len(frame)), frame
+def _compress_into(src: memoryview, level: int | None, dest: memoryview) -> int | None:
+    """One zstd frame of ``src`` written at the start of ``dest``: its size, or None when it does
+    not fit in ``dest`` (a frame no smaller than the plane: the plane is stored raw)."""
+    reader = _compressor(level).stream_reader(src, size=len(src), read_size=len(src))
+    got = 0
+    while got < len(dest):
+        n = reader.readinto(dest[got:])
+        if n == 0:
+            return got
+        got += n
+    return None
+
+
+def _split_plane_into(raw: np.ndarray, itemsize: int, i: int, dest: np.ndarray) -> None:
+    """Byte ``i`` of every item of ``raw`` (plane i) into ``dest``."""
+    if itemsize == 2 and _LITTLE_ENDIAN:  # shifts and masks beat a strided copy by ~2x
+        words = raw.view(np.uint16)
+        if i == 0:
+            np.bitwise_and(words, 0xFF, out=dest, casting="unsafe")
+        else:
+            np.right_shift(words, 8, out=dest, casting="unsafe")
+    else:
+        np.copyto(dest, raw.reshape(-1, itemsize)[:, i])
+
+
+def _scratch(name: str, size: int) -> np.ndarray:
+    """This thread's scratch buffer ``name`` of at least ``size`` bytes, kept for its next page."""
+    buf = getattr(_local, name, None)
+    if buf is None or buf.nbytes < size:
+        buf = np.empty(size + size // 4, dtype=np.uint8)
+        setattr(_local, name, buf)
+    return buf[:size]
 
 
 def encode(raw: np.ndarray, itemsize: int, codec: Codec, level: int | None = None) -> EncodedPayload:
-    """Encode ``raw`` (1-D uint8, the page's bytes in memory order).
+    """Encode ``raw`` (1-D uint8, the page's bytes in memory order) into a new buffer.
 
-    ``level`` None uses the KV-tuned fast parameters; an int uses that zstd level.
-    The returned segments may alias ``raw``: write them before ``raw`` changes.
+    ``level`` None uses the KV-tuned fast parameters; an int uses that zstd level. Codec none
+    returns ``raw`` itself as its segment: write it before ``raw`` changes.
     """
-    if raw.dtype != np.uint8 or raw.ndim != 1:
-        raise ValueError("encode takes a 1-D uint8 array")
+    _check_raw(raw, itemsize, codec)
     if codec is Codec.NONE:
         return EncodedPayload((Plane(PlaneCodec.RAW, raw.nbytes),), (memoryview(raw),))
-    if codec is Codec.ZSTD:
-        plane, seg = _compress_plane(raw, level, probe=False)
-        return EncodedPayload((plane,), (seg,))
-    if raw.nbytes % itemsize:
+    return encode_into(raw, itemsize, codec, np.empty(raw.nbytes, dtype=np.uint8), level)
+
+
+def encode_into(raw: np.ndarray, itemsize: int, codec: Codec, out: np.ndarray,
+                level: int | None = None) -> EncodedPayload:
+    """Encode ``raw`` as ``encode`` does, its planes one after the other from the start of ``out``
+    (1-D uint8 of at least ``raw.nbytes``: a plane that would not shrink is stored raw, so a
+    payload is never larger than its page); the segments are views of ``out``. Nothing is
+    allocated per page: a plane stored raw is split straight into ``out``, one to compress into
+    this thread's scratch and compressed from there into ``out`` (a fresh buffer per plane paid
+    its page faults on every page, as much as a tenth of the put's own CPU on a virtual machine)."""
+    _check_raw(raw, itemsize, codec)
+    if out.dtype != np.uint8 or out.ndim != 1 or out.nbytes < raw.nbytes:
+        raise ValueError(f"out must be 1-D uint8 of at least {raw.nbytes} bytes")
+    view = memoryview(out)
+    if codec is Codec.NONE:
+        out[:raw.nbytes] = raw
+        return EncodedPayload((Plane(PlaneCodec.RAW, raw.nbytes),), (view[:raw.nbytes],))
+    num_planes = _num_planes(codec, itemsize)
+    plane_bytes = raw.nbytes // num_planes
+    probe = codec is Codec.ZSTD_SPLIT and plane_bytes > 2 * _PROBE_BYTES
+    planes, segments, pos = [], [], 0
+    for i in range(num_planes):
+        dest = out[pos:pos + plane_bytes]
+        if probe and _poor_sample(raw, itemsize, i, level):
+            _split_plane_into(raw, itemsize, i, dest)
+            src = None  # stored raw, in place
+        elif num_planes == 1:
+            src = raw
+        else:
+            src = _scratch("plane", plane_bytes)
+            _split_plane_into(raw, itemsize, i, src)
+        size = None if src is None else _compress_into(memoryview(src), level, view[pos:pos + plane_bytes])
+        if size is None:
+            if src is not None:
+                dest[:] = src
+            planes.append(Plane(PlaneCodec.RAW, plane_bytes))
+            size = plane_bytes
+        else:
+            planes.append(Plane(PlaneCodec.ZSTD, size))
+        segments.append(view[pos:pos + size])
+        pos += size
+    return EncodedPayload(tuple(planes), tuple(segments))
+
+
+def _poor_sample(raw: np.ndarray, itemsize: int, i: int, level: int | None) -> bool:
+    """Whether plane i's first _PROBE_BYTES compress by less than _MIN_SAVING (noise, such as a
+    mantissa's low byte: the whole plane is stored raw, never compressed)."""
+    sample = _scratch("sample", _PROBE_BYTES)
+    _split_plane_into(raw[:_PROBE_BYTES * itemsize], itemsize, i, sample)
+    return len(_compressor(level).compress(memoryview(sample))) > (1 - _MIN_SAVING) * _PROBE_BYTES
+
+
+def _check_raw(raw: np.ndarray, itemsize: int, codec: Codec) -> None:
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ValueError("encode takes a 1-D uint8 array")
+    if codec is Codec.ZSTD_SPLIT and raw.nbytes % itemsize:
         raise ValueError(f"{raw.nbytes} bytes is not a whole number of {itemsize}-byte items")
-    if itemsize == 1:
-        plane, seg = _compress_plane(raw, level, probe=True)
-        return EncodedPayload((plane,), (seg,))
-    results = [_compress_plane(p, level, probe=True) for p in split_planes(raw, itemsize)]
-    return EncodedPayload(tuple(p for p, _ in results), tuple(s for _, s in results))
 
 
 _LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def split_planes(raw: np.ndarray, itemsize: int) -> list[np.ndarray]:
-    """One contiguous array per byte of the items (plane i holds byte i of every item)."""
-    if itemsize == 2 and _LITTLE_ENDIAN:  # shifts and masks beat a strided transpose by ~2x
-        words = raw.view(np.uint16)
-        lo = np.empty(words.size, dtype=np.uint8)
-        hi = np.empty(words.size, dtype=np.uint8)
-        np.bitwise_and(words, 0xFF, out=lo, casting="unsafe")
-        np.right_shift(words, 8, out=hi, casting="unsafe")
-        return [lo, hi]
-    grid = np.ascontiguousarray(raw.reshape(-1, itemsize).T)
-    return [grid[i] for i in range(itemsize)]
 
 
 def check_planes(planes: tuple[Plane, ...], codec: Codec, itemsize: int, raw_size_bytes: int,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING
@@ -26,8 +27,9 @@ from chunkstore.disk.chunkfile import (
     decode_chunk,
     encode_header,
     make_header,
+    max_header_bytes,
 )
-from chunkstore.disk.codec import Codec, CorruptChunkError, encode
+from chunkstore.disk.codec import Codec, CorruptChunkError, encode, encode_into
 from chunkstore.disk.file_check import FileCheck
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.index import ChunkRow
@@ -81,16 +83,32 @@ def page_arrays(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [page_tensor_bytes(t) for t in tensors]
 
 
+_chunk_buffers = threading.local()
+
+
 def encode_page(page: PageRef, raw: np.ndarray, identity: ModelIdentity, codec: Codec,
                 zstd_level: int | None) -> tuple[list[bytes | memoryview], int]:
-    """The segments of the chunk file of ``page`` (header, then the encoded planes) and their
-    total size in bytes; ``raw`` is the page's bytes (``page_tensor_bytes``). The segments may
-    alias ``raw``."""
-    payload = encode(raw, identity.itemsize, codec, zstd_level)
-    header = make_header(page.key, page.parent_key, page.namespace, page.token_ids,
-                         identity.kv_dtype, identity.page_shape, codec, raw, payload)
-    head = encode_header(header)
-    return [head, *payload.segments], len(head) + payload.stored_size_bytes
+    """The segments of the chunk file of ``page`` and their total size in bytes; ``raw`` is the
+    page's bytes (``page_tensor_bytes``). Compressed, the file is one segment, header and planes
+    together, in this thread's buffer, valid until this thread encodes another page (a payload
+    store's ``stage`` takes it before it returns), so a sealed store seals it in one call; codec
+    none: the header, then ``raw`` itself."""
+    if codec is Codec.NONE:
+        payload = encode(raw, identity.itemsize, codec, zstd_level)
+        head = encode_header(make_header(page.key, page.parent_key, page.namespace, page.token_ids,
+                                         identity.kv_dtype, identity.page_shape, codec, raw, payload))
+        return [head, *payload.segments], len(head) + payload.stored_size_bytes
+    room = max_header_bytes(len(page.token_ids), identity.itemsize)
+    buf = getattr(_chunk_buffers, "buf", None)
+    if buf is None or buf.nbytes < room + raw.nbytes:
+        buf = _chunk_buffers.buf = np.empty(room + raw.nbytes + (room + raw.nbytes) // 4, dtype=np.uint8)
+    payload = encode_into(raw, identity.itemsize, codec, buf[room:], zstd_level)
+    head = encode_header(make_header(page.key, page.parent_key, page.namespace, page.token_ids,
+                                     identity.kv_dtype, identity.page_shape, codec, raw, payload))
+    start = room - len(head)  # the header just before the planes, whose place did not depend on it
+    buf[start:room] = np.frombuffer(head, dtype=np.uint8)
+    size = len(head) + payload.stored_size_bytes
+    return [memoryview(buf)[start:start + size]], size
 
 
 def max_payload_bytes(identity: ModelIdentity) -> int:

@@ -26,8 +26,9 @@ from chunkstore.disk.index import ChunkIndex
 from chunkstore.disk.payloads import PayloadStore, Staged
 
 # What a hook is called with: the key of the call (None for calls about no one key) and, for
-# "stage_segment", the index of the segment about to be written. Hooks run before the operation,
-# but "staged", which runs once a stage has returned.
+# "stage_segment", the index of the piece about to be written: each segment is passed on in two
+# halves, so a hook can stop a file midway whatever its segments (the store writes a compressed
+# chunk as one). Hooks run before the operation, but "staged", which runs once a stage has returned.
 Hook = Callable[..., None]
 OPERATIONS = ("stage", "stage_segment", "staged", "publish", "discard", "read", "exists", "delete", "quarantine",
               "leftovers", "remove_leftovers", "keys")
@@ -131,9 +132,13 @@ class FaultyPayloads(PayloadStore):
         self._run("stage", key)
 
         def watched() -> Iterator[bytes | memoryview]:
-            for i, seg in enumerate(segments):
-                self._run("stage_segment", key, i)
-                yield seg
+            i = 0
+            for seg in segments:
+                view = memoryview(seg).cast("B")
+                for half in (view[:len(view) // 2], view[len(view) // 2:]):
+                    self._run("stage_segment", key, i)
+                    i += 1
+                    yield half
 
         staged = self.inner.stage(key, watched())
         self._run("staged", key)
