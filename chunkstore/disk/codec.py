@@ -160,10 +160,10 @@ def encode_into(raw: np.ndarray, itemsize: int, codec: Codec, out: np.ndarray,
                 level: int | None = None) -> EncodedPayload:
     """Encode ``raw`` as ``encode`` does, its planes one after the other from the start of ``out``
     (1-D uint8 of at least ``raw.nbytes``: a plane that would not shrink is stored raw, so a
-    payload is never larger than its page); the segments are views of ``out``. Nothing is
-    allocated per page: a plane stored raw is split straight into ``out``, one to compress into
-    this thread's scratch and compressed from there into ``out`` (a fresh buffer per plane paid
-    its page faults on every page, as much as a tenth of the put's own CPU on a virtual machine)."""
+    payload is never larger than its page); the segments are views of ``out``, end to end, so a
+    writer can keep the whole chunk file in one buffer (page_io.encode_page) and seal it in one
+    call. A plane stored raw is split straight into ``out``; one to compress is split into this
+    thread's scratch and compressed from there into ``out``: no plane is copied twice."""
     _check_raw(raw, itemsize, codec)
     if out.dtype != np.uint8 or out.ndim != 1 or out.nbytes < raw.nbytes:
         raise ValueError(f"out must be 1-D uint8 of at least {raw.nbytes} bytes")
