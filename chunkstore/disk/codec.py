@@ -135,8 +135,12 @@ def _split_plane_into(raw: np.ndarray, itemsize: int, i: int, dest: np.ndarray) 
         np.copyto(dest, raw.reshape(-1, itemsize)[:, i])
 
 
-def _scratch(name: str, size: int) -> np.ndarray:
-    """This thread's scratch buffer ``name`` of at least ``size`` bytes, kept for its next page."""
+def thread_buffer(name: str, size: int) -> np.ndarray:
+    """This thread's buffer ``name`` (1-D uint8), its first ``size`` bytes, kept for the thread's
+    next use: a fresh buffer per page paid its page faults (and a bytearray its zeroing) on every
+    page, about as much as the cipher itself. It grows with a quarter to spare: pages of one model
+    differ in size by a few bytes, and a buffer grown to each new largest was made again on about
+    one page in twenty. What it holds is valid until this thread asks for ``name`` again."""
     buf = getattr(_local, name, None)
     if buf is None or buf.nbytes < size:
         buf = np.empty(size + size // 4, dtype=np.uint8)
@@ -183,7 +187,7 @@ def encode_into(raw: np.ndarray, itemsize: int, codec: Codec, out: np.ndarray,
         elif num_planes == 1:
             src = raw
         else:
-            src = _scratch("plane", plane_bytes)
+            src = thread_buffer("plane", plane_bytes)
             _split_plane_into(raw, itemsize, i, src)
         size = None if src is None else _compress_into(memoryview(src), level, view[pos:pos + plane_bytes])
         if size is None:
@@ -201,7 +205,7 @@ def encode_into(raw: np.ndarray, itemsize: int, codec: Codec, out: np.ndarray,
 def _poor_sample(raw: np.ndarray, itemsize: int, i: int, level: int | None) -> bool:
     """Whether plane i's first _PROBE_BYTES compress by less than _MIN_SAVING (noise, such as a
     mantissa's low byte: the whole plane is stored raw, never compressed)."""
-    sample = _scratch("sample", _PROBE_BYTES)
+    sample = thread_buffer("sample", _PROBE_BYTES)
     _split_plane_into(raw[:_PROBE_BYTES * itemsize], itemsize, i, sample)
     return len(_compressor(level).compress(memoryview(sample))) > (1 - _MIN_SAVING) * _PROBE_BYTES
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import mmap
 import os
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from chunkstore.disk.chunkfile import (
     make_header,
     max_header_bytes,
 )
-from chunkstore.disk.codec import Codec, CorruptChunkError, encode, encode_into
+from chunkstore.disk.codec import Codec, CorruptChunkError, encode, encode_into, thread_buffer
 from chunkstore.disk.file_check import FileCheck
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.index import ChunkRow
@@ -83,9 +82,6 @@ def page_arrays(tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [page_tensor_bytes(t) for t in tensors]
 
 
-_chunk_buffers = threading.local()
-
-
 def encode_page(page: PageRef, raw: np.ndarray, identity: ModelIdentity, codec: Codec,
                 zstd_level: int | None) -> tuple[list[bytes | memoryview], int]:
     """The segments of the chunk file of ``page`` and their total size in bytes; ``raw`` is the
@@ -99,9 +95,7 @@ def encode_page(page: PageRef, raw: np.ndarray, identity: ModelIdentity, codec: 
                                          identity.kv_dtype, identity.page_shape, codec, raw, payload))
         return [head, *payload.segments], len(head) + payload.stored_size_bytes
     room = max_header_bytes(len(page.token_ids), identity.itemsize)
-    buf = getattr(_chunk_buffers, "buf", None)
-    if buf is None or buf.nbytes < room + raw.nbytes:
-        buf = _chunk_buffers.buf = np.empty(room + raw.nbytes + (room + raw.nbytes) // 4, dtype=np.uint8)
+    buf = thread_buffer("chunk", room + raw.nbytes)
     payload = encode_into(raw, identity.itemsize, codec, buf[room:], zstd_level)
     head = encode_header(make_header(page.key, page.parent_key, page.namespace, page.token_ids,
                                      identity.kv_dtype, identity.page_shape, codec, raw, payload))

@@ -22,16 +22,14 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from chunkstore.disk.codec import CorruptChunkError
+from chunkstore.disk.codec import CorruptChunkError, thread_buffer
 from chunkstore.disk.identity import ModelIdentity
 from chunkstore.disk.keys import KEY_SIZE_BYTES
 from chunkstore.disk.seal_keys import KEY_ID_BYTES, MasterKey, SealKeyError
@@ -127,22 +125,6 @@ def sealed_key_id(data: bytes | memoryview) -> bytes:
     return key_id
 
 
-_scratch = threading.local()  # .seal: this thread's sealed output; .open: its opened chunk
-
-
-def _buffer(name: str, size: int) -> memoryview:
-    """This thread's buffer ``name`` of at least ``size`` bytes, kept for its next use: a fresh
-    buffer per chunk paid its page faults (and a bytearray its zeroing) on every chunk, which cost
-    about as much as the cipher itself. It grows with a quarter to spare: chunks of one model
-    differ in size by a few bytes, and a buffer grown to each new largest was made again on about
-    one chunk in twenty."""
-    buf = getattr(_scratch, name, None)
-    if buf is None or len(buf) < size:
-        buf = np.empty(max(size + size // 4, 1 << 16), dtype=np.uint8)
-        setattr(_scratch, name, buf)
-    return memoryview(buf)
-
-
 def seal(keys: NamespaceKeys, name: bytes, binding: bytes, segments: Sequence[bytes | memoryview]
          ) -> tuple[list[bytes | memoryview], int]:
     """The sealed payload of the chunk file ``segments`` stored under ``name``: its segments and
@@ -158,11 +140,11 @@ def seal(keys: NamespaceKeys, name: bytes, binding: bytes, segments: Sequence[by
     aad = head + name + binding
     if len(segments) == 1:
         size = len(memoryview(segments[0]).cast("B"))
-        out = _buffer("seal", size + TAG_BYTES)[:size + TAG_BYTES]
+        out = memoryview(thread_buffer("seal", size + TAG_BYTES))
         AESGCM(keys.chunk_key(salt)).encrypt_into(nonce, segments[0], aad, out)  # ciphertext, then tag
         return [head, out], len(head) + size + TAG_BYTES
     size = sum(len(memoryview(s).cast("B")) for s in segments)
-    out = _buffer("seal", size + TAG_BYTES + 15)  # update_into wants a block's slack after what it writes
+    out = memoryview(thread_buffer("seal", size + TAG_BYTES + 15))  # update_into wants a block's slack after it
     encryptor = Cipher(algorithms.AES(keys.chunk_key(salt)), modes.GCM(nonce)).encryptor()
     encryptor.authenticate_additional_data(aad)
     pos = 0
@@ -182,7 +164,7 @@ def open_sealed(keys: NamespaceKeys, name: bytes, binding: bytes, data: bytes | 
         raise AuthenticationError(f"sealed under key id {key_id.hex()}, not namespace {keys.namespace!r}'s")
     _, _, _, salt, nonce = _PREAMBLE.unpack(data[:PREAMBLE_BYTES])
     size = len(data) - SEAL_OVERHEAD_BYTES
-    out = _buffer("open", size)[:size]
+    out = memoryview(thread_buffer("open", size))
     try:
         AESGCM(keys.chunk_key(salt)).decrypt_into(nonce, data[PREAMBLE_BYTES:],
                                                   bytes(data[:PREAMBLE_BYTES]) + name + binding, out)

@@ -3,6 +3,8 @@ BackendSnapshot so that the JSON, the history and the metrics show the same figu
 
 from __future__ import annotations
 
+import dataclasses
+
 from pydantic import BaseModel, Field
 
 from chunkstore.cache.stats import TierUsage
@@ -160,9 +162,7 @@ class SealingWorkPublic(BaseModel):
 
     @classmethod
     def of(cls, w) -> "SealingWorkPublic":
-        return cls(sealed_chunks=w.sealed_chunks, sealed_bytes=w.sealed_bytes, seal_cpu_s=w.seal_cpu_s,
-                   opened_chunks=w.opened_chunks, opened_bytes=w.opened_bytes, open_cpu_s=w.open_cpu_s,
-                   named_keys=w.named_keys, name_cpu_s=w.name_cpu_s)
+        return cls(**dataclasses.asdict(w))  # the same fields as the store's SealingWork
 
 
 class SharedTierPublic(BaseModel):
