@@ -6,6 +6,7 @@ files, a read-only view beside the writer."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 
 import pytest
@@ -58,6 +59,32 @@ def test_migrations_match_the_schema_modules_on_postgresql(postgres_url):
     finally:
         engine.dispose()
     assert diff == [], diff
+
+
+def test_a_prefix_lookup_reads_the_key_hash_index(postgres_url):
+    """A lookup of a chain's keys reads one bucket page of the hash index a key (alembic 0010),
+    not a B-tree descent that deepens with the rows."""
+    index = ChunkIndex(postgres_url)
+    try:
+        rows = [ChunkRow(hashlib.sha256(i.to_bytes(4, "little")).digest(), b"\0" * 32, "ns", 16, 100, 60, 1.0, 1.0)
+                for i in range(50_000)]
+        index.insert(rows)
+        chain = [r.key for r in rows[:20]]
+        engine = create_engine(postgres_url)
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("ANALYZE chunks")
+                method = conn.exec_driver_sql("SELECT am.amname FROM pg_class c JOIN pg_am am ON am.oid = c.relam "
+                                              "WHERE c.relname = 'ix_chunks_key_hash'").scalar()
+                plan = "\n".join(conn.exec_driver_sql("EXPLAIN SELECT key FROM chunks WHERE key = ANY(%(keys)s)",
+                                                       {"keys": chain}).scalars())
+        finally:
+            engine.dispose()
+        assert method == "hash"
+        assert "ix_chunks_key_hash" in plan, plan
+        assert index.present(chain + [b"\1" * 32]) == set(chain)
+    finally:
+        index.close()
 
 
 def test_sizes_and_counters_past_32_bits(postgres_url):

@@ -16,6 +16,8 @@ from sqlalchemy import BigInteger, Boolean, Column, Float, Index, Integer, Large
 WideInteger = Integer().with_variant(BigInteger(), "postgresql")
 
 metadata = MetaData()
+KEY_HASH_INDEX = "ix_chunks_key_hash"  # PostgreSQL's only: SQLite's table is a B-tree on the key already
+POSTGRESQL_ONLY_INDEXES = frozenset({KEY_HASH_INDEX})
 
 store_meta = Table(
     "store_meta", metadata,
@@ -38,6 +40,8 @@ chunks = Table(
     Index("ix_chunks_parent_key", "parent_key"),
     Index("ix_chunks_last_access_at", "last_access_at"),
     Index("ix_chunks_namespace_last_access_at", "namespace", "last_access_at"),
+    # PostgreSQL only (alembic 0010): a key's lookup reads one bucket page at any number of rows
+    Index(KEY_HASH_INDEX, "key", postgresql_using="hash").ddl_if(dialect="postgresql"),
     sqlite_with_rowid=False,
 )
 
