@@ -252,6 +252,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from chunkstore.disk.index import display_url, sqlite_url, upgrade_index
+    from chunkstore.disk.migrations import SchemaTooNewError
 
     if args.index_url:
         url = args.index_url
@@ -262,7 +263,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         url = sqlite_url(root)
     try:
         before, head = upgrade_index(url)
-    except ValueError as exc:
+    except (ValueError, SchemaTooNewError) as exc:
         raise CliError(str(exc)) from None
     except SQLAlchemyError as exc:  # a server that is down, a refused login
         raise CliError(f"cannot upgrade the index at {display_url(url)}: {getattr(exc, 'orig', exc)}") from None

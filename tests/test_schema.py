@@ -71,6 +71,29 @@ def test_upgrade_is_idempotent_and_reports_revisions(tmp_path):
     assert {"chunks", "namespace_usage", "namespace_quotas", "counters", "store_meta"} <= tables
 
 
+def test_an_index_a_newer_release_migrated_is_refused_by_name(tmp_path, capsys):
+    """An older server restarted after a newer one upgraded the shared index: a clear error naming
+    both revisions (not alembic's traceback, nor "run db upgrade"), and the index left as it is."""
+    from chunkstore import ChunkStore
+    from chunkstore.cli import main
+    from tests.helpers import TINY
+
+    root = tmp_path / "store"
+    ChunkStore(root, TINY).close()
+    engine = create_engine(f"sqlite:///{root / 'index.db'}")
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {migrations.VERSION_TABLE} SET version_num = '9001'"))
+    for read_only in (False, True):
+        with pytest.raises(migrations.SchemaTooNewError, match=f"revision 9001.*newest is {migrations.head_revision()}"):
+            ChunkIndex(sqlite_url(root), read_only=read_only)
+    for argv in (["stats"], ["db", "upgrade"]):
+        assert main([*argv, "--disk-path", str(root)]) == 2
+        assert "revision 9001" in capsys.readouterr().err
+    with engine.connect() as conn:
+        assert migrations.current_revision(conn) == "9001"
+    engine.dispose()
+
+
 def _usage_rows(start: int, count: int) -> list[ChunkRow]:
     return [ChunkRow(bytes([i]) * 32, b"\0" * 32, "ns" if i % 2 else "other", 4, 100, 60 + i, 1.0, 1.0)
             for i in range(start, start + count)]

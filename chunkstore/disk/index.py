@@ -254,6 +254,7 @@ class ChunkIndex:
         with self.engine.begin() as conn:
             revision = migrations.current_revision(conn)
             self.dialect.check_tables(revision, must_have=read_only or must_exist)
+            migrations.check_known(revision, self.name)
             if read_only:
                 if revision != migrations.head_revision():
                     raise RuntimeError(f"index {self.name} is not at the current schema; run `chunkstore db upgrade`")
