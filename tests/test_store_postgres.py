@@ -21,6 +21,7 @@ from chunkstore import ChunkStore, ModelMismatchError, chain_pages
 from chunkstore.disk import migrations
 from chunkstore.disk.index import ChunkIndex, ChunkRow, IndexMissingError, NoRoomError, RoomLimits, sqlite_url
 from chunkstore.disk.maintenance import rebuild
+from chunkstore.disk.schema import KEY_HASH_INDEX
 from chunkstore.disk.schema import metadata as disk_metadata
 from tests import test_store, test_store_delete
 from tests.helpers import kv_pages
@@ -75,13 +76,13 @@ def test_a_prefix_lookup_reads_the_key_hash_index(postgres_url):
             with engine.connect() as conn:
                 conn.exec_driver_sql("ANALYZE chunks")
                 method = conn.exec_driver_sql("SELECT am.amname FROM pg_class c JOIN pg_am am ON am.oid = c.relam "
-                                              "WHERE c.relname = 'ix_chunks_key_hash'").scalar()
+                                              "WHERE c.relname = %(name)s", {"name": KEY_HASH_INDEX}).scalar()
                 plan = "\n".join(conn.exec_driver_sql("EXPLAIN SELECT key FROM chunks WHERE key = ANY(%(keys)s)",
                                                        {"keys": chain}).scalars())
         finally:
             engine.dispose()
         assert method == "hash"
-        assert "ix_chunks_key_hash" in plan, plan
+        assert KEY_HASH_INDEX in plan, plan
         assert index.present(chain + [b"\1" * 32]) == set(chain)
     finally:
         index.close()
