@@ -89,16 +89,18 @@ def encode_page(page: PageRef, raw: np.ndarray, identity: ModelIdentity, codec: 
     together, in this thread's buffer, valid until this thread encodes another page (a payload
     store's ``stage`` takes it before it returns), so a sealed store seals it in one call; codec
     none: the header, then ``raw`` itself."""
+    def header(payload) -> bytes:
+        return encode_header(make_header(page.key, page.parent_key, page.namespace, page.token_ids,
+                                         identity.kv_dtype, identity.page_shape, codec, raw, payload))
+
     if codec is Codec.NONE:
         payload = encode(raw, identity.itemsize, codec, zstd_level)
-        head = encode_header(make_header(page.key, page.parent_key, page.namespace, page.token_ids,
-                                         identity.kv_dtype, identity.page_shape, codec, raw, payload))
+        head = header(payload)
         return [head, *payload.segments], len(head) + payload.stored_size_bytes
     room = max_header_bytes(len(page.token_ids), identity.itemsize)
     buf = thread_buffer("chunk", room + raw.nbytes)
     payload = encode_into(raw, identity.itemsize, codec, buf[room:], zstd_level)
-    head = encode_header(make_header(page.key, page.parent_key, page.namespace, page.token_ids,
-                                     identity.kv_dtype, identity.page_shape, codec, raw, payload))
+    head = header(payload)
     start = room - len(head)  # the header just before the planes, whose place did not depend on it
     buf[start:room] = np.frombuffer(head, dtype=np.uint8)
     size = len(head) + payload.stored_size_bytes
