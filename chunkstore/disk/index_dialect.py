@@ -408,6 +408,26 @@ def _room_setting(room: RoomLimits, namespaces: set[str]) -> str | None:
                        "quotas": quotas})
 
 
+@contextmanager
+def _pipeline(pg: Any, errors: type[Exception]) -> Iterator[Any]:
+    """``pg.pipeline()``, whose first error (``errors``: the driver's base exception) is raised
+    once the pipeline has ended, not while it ends: psycopg logs "error ignored terminating" when
+    the end fails (the statements after the error were skipped) with an error on its way out, and
+    a full tier's puts that must evict would log it each time."""
+    failed = None
+    try:
+        with pg.pipeline() as pipeline:
+            try:
+                yield pipeline
+            except errors as exc:
+                failed = exc
+    except errors:  # the end's own failure: the first error says more
+        if failed is None:
+            raise
+    if failed is not None:
+        raise failed
+
+
 PING_IDLE_S = 1.0  # a pooled connection idle this long is checked before it is handed out
 _checkout = threading.local()  # .unchecked: this thread's next checkouts skip the idle check
 
@@ -580,7 +600,7 @@ class PostgresDialect:
         lock = None
         began = time.perf_counter()
         try:
-            with pg.pipeline() as pipeline:
+            with _pipeline(pg, errors) as pipeline:
                 if room.capacity_bytes is not None:
                     lock = pg.execute(_PG_ROOM_LOCK, {"timeout": f"{int(timeout_s * 1000)}ms"})
                 answer = pg.execute(_PG_COMMIT_CLAIMED, {"writer": writer, **arrays})
