@@ -125,6 +125,8 @@ def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, po
     for p in r["points"]:
         assert p["requests"] > 0 and p["requests_per_s"] > 0 and p["window_s"] > 0
         assert p["lookup_ms"]["n"] == p["requests"] and p["lookup_ms"]["p50"] <= p["lookup_ms"]["p99"]
+        in_db = p["lookup_db_ms"]  # the lookup statement's own time in PostgreSQL (puts send it too)
+        assert in_db["calls"] >= p["requests"] // 2 and 0 < in_db["mean_ms"] <= in_db["max_ms"]
         assert p["publish_ms"]["n"] > 0
         assert 0 <= p["local_copy_hits_per_request"] <= p["loaded_pages_per_request"]
         assert p["db_cpu_s"] >= 0 and p["statements_per_1000_requests"] > 0 and p["top_statements"]
@@ -149,7 +151,8 @@ def test_one_and_four_simulated_servers_report_every_figure(tmp_path, capsys, po
         assert all(n is None or n >= 0 for n in model[f"servers_by_{lock}"].values())
     assert {"db_cpu_per_request_largest_vs_smallest", "statements_per_request_largest_vs_smallest",
             "lookup_p99_largest_vs_smallest"} <= set(r["targets"])
-    assert "stmts/1k req" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "stmts/1k req" in text and "in db mean/max" in text
 
 
 def test_the_index_sizes_lookups_alternate_and_each_size_gets_all_of_its_own():

@@ -17,7 +17,7 @@ import subprocess
 import threading
 from dataclasses import dataclass
 
-from chunkstore.disk.index import EVICTOR_LOCK_KEY
+from chunkstore.disk.index import EVICTOR_LOCK_KEY, LOOKUP_SQL
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SAMPLE_EVERY_S = 0.1
@@ -61,6 +61,15 @@ def machine_busy_s() -> tuple[float, float]:
     return (sum(values) - idle) * _TICK_S, sum(values) * _TICK_S
 
 
+def _normalised(query: str) -> str:
+    """A statement's text without its parameters' names (``$1`` as pg_stat_statements shows them,
+    ``%b`` as the store sends them) and with its spaces folded."""
+    return " ".join(query.replace("%b", "$1").split())
+
+
+_LOOKUP = _normalised(LOOKUP_SQL)
+
+
 class StatementCounts:
     """pg_stat_statements of one database, through a connection of the bench's own (direct, to the
     server's ``postgres`` database, which holds the view)."""
@@ -78,12 +87,18 @@ class StatementCounts:
         self._conn.execute("SELECT pg_stat_statements_reset()")
 
     def read(self, top: int = 10) -> dict:
-        """Calls of every statement in the database since the reset, and the ``top`` most called."""
+        """Calls of every statement in the database since the reset, the ``top`` most called, and
+        the prefix lookup's own execution times in the database (``lookup``: its calls and mean,
+        standard deviation and largest in ms; None before any lookup)."""
         rows = self._conn.execute(
-            "SELECT query, calls, total_exec_time FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+            "SELECT query, calls, total_exec_time, mean_exec_time, stddev_exec_time, max_exec_time "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
             "WHERE d.datname = %s ORDER BY calls DESC", [self.database]).fetchall()
+        lookups = [r for r in rows if _normalised(r[0]) == _LOOKUP]
         return {"calls": sum(r[1] for r in rows), "exec_ms": sum(r[2] for r in rows),
-                "top": [{"query": " ".join(r[0].split())[:160], "calls": r[1]} for r in rows[:top]]}
+                "top": [{"query": " ".join(r[0].split())[:160], "calls": r[1]} for r in rows[:top]],
+                "lookup": None if not lookups else
+                {"calls": lookups[0][1], "mean_ms": lookups[0][3], "stddev_ms": lookups[0][4], "max_ms": lookups[0][5]}}
 
     def close(self) -> None:
         self._conn.close()

@@ -284,6 +284,9 @@ def summarize(servers: int, cfg: ScaleConfig, trace: TraceConfig, results: list[
         "db_cpu_s_per_1000_requests_beyond_idle": per_request(max(0.0, db_cpu_s - idle["db_cores"] * window_s)) * 1e3,
         "statements_per_1000_requests": per_request(counted["calls"]) * 1e3,
         "db_exec_ms_per_request": per_request(counted["exec_ms"]),
+        # the prefix lookup's execution in the database (pg_stat_statements), beside "lookup_ms" as
+        # the servers saw it: what the rest of a lookup's time is not (round trips, wake-ups)
+        "lookup_db_ms": counted["lookup"],
         "top_statements": counted["top"],
         "bucket_requests_per_request": None if rgw is None else per_request(rgw["req"]),
         "bucket_gets_per_request": None if rgw is None else per_request(rgw["get"]),
@@ -359,13 +362,15 @@ def format_scale_table(result: dict) -> str:
     def num(value, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
-    header = ("N", "req/s", "lookup p50/p99 ms", "load p50/p99 ms", "publish p50/p99 ms", "db CPU s/1k req",
-              "stmts/1k req", "bucket req/req", "conns", "lock held/wait", "dedup", "busy (fleet)")
+    header = ("N", "req/s", "lookup p50/p99 ms", "in db mean/max", "load p50/p99 ms", "publish p50/p99 ms",
+              "db CPU s/1k req", "stmts/1k req", "bucket req/req", "conns", "lock held/wait", "dedup", "busy (fleet)")
     lines = [result["setting"], "", "  ".join(header)]
     for p in result["points"]:
+        in_db = p.get("lookup_db_ms") or {}
         lines.append("  ".join([
             f"{p['servers']:>2}", f"{p['requests_per_s']:5.1f}",
             f"{num(p['lookup_ms']['p50'])}/{num(p['lookup_ms']['p99'])}",
+            f"{num(in_db.get('mean_ms'))}/{num(in_db.get('max_ms'))}",
             f"{num(p['load_ms']['p50'], '.1f')}/{num(p['load_ms']['p99'], '.1f')}",
             f"{num(p['publish_ms']['p50'], '.1f')}/{num(p['publish_ms']['p99'], '.1f')}",
             f"{p['db_cpu_s_per_1000_requests']:.2f}", f"{p['statements_per_1000_requests']:.0f}",

@@ -43,8 +43,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from chunkstore.choices import Choice
 from chunkstore.disk import migrations
 # What differs between SQLite and PostgreSQL, and the URL helpers, owned there; importable from here.
-from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, EVICTOR_LOCK_KEY, ROOM_LOCK_KEY, IndexDialect,
-                                          IndexMissingError, LockStats, NoRoomError, RoomLimits,
+from chunkstore.disk.index_dialect import (BACKENDS, DB_FILENAME, EVICTOR_LOCK_KEY, LOOKUP_SQL, ROOM_LOCK_KEY,
+                                          IndexDialect, IndexMissingError, LockStats, NoRoomError, RoomLimits,
                                           batches, db_files, dialect_for, display_url, index_backend,
                                           prepare_db_files, release_in, row_values, sqlite_path, sqlite_url,
                                           unchecked_checkout)
@@ -57,7 +57,7 @@ __all__ = [
     "drop_index", "upgrade_index", "default_server_name", "EVICTOR_LOCK_TIMEOUT_S", "SERVER_EVENTS",
     "SERVER_PRUNE_S", "SERVER_WRITE_INTERVAL_S", "COUNTER_FLUSH_S",
     # owned by index_dialect.py
-    "BACKENDS", "DB_FILENAME", "EVICTOR_LOCK_KEY", "ROOM_LOCK_KEY", "IndexDialect", "IndexMissingError",
+    "BACKENDS", "DB_FILENAME", "EVICTOR_LOCK_KEY", "LOOKUP_SQL", "ROOM_LOCK_KEY", "IndexDialect", "IndexMissingError",
     "LockStats", "NoRoomError", "RoomLimits", "db_files", "dialect_for", "display_url", "index_backend",
     "prepare_db_files", "sqlite_path", "sqlite_url",
 ]
