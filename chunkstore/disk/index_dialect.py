@@ -39,7 +39,7 @@ DB_FILENAME = "index.db"
 BACKENDS = ("sqlite", "postgresql")
 _IN_BATCH = 500  # keys per IN (...) query, well under SQLite's variable limit
 _MIGRATION_LOCK = 0x6368756E6B  # PostgreSQL advisory lock key of schema migrations ("chunk")
-LOOKUP_SQL = "SELECT key FROM chunks WHERE key = ANY(%b)"  # PostgreSQL: every prefix lookup, one statement
+LOOKUP_SQL = "SELECT key FROM chunks WHERE key = ANY(%b)"  # PostgreSQL: which keys are stored, in one statement
 EVICTOR_LOCK_KEY = 0x6368756E6B01  # PostgreSQL advisory lock key of a shared tier's one evictor at a time
 ROOM_LOCK_KEY = 0x6368756E6B02  # ... and of its bounded row commits' room check, one at a time
 # A per-query key list, in the connection's temp schema: created inside the read transaction, so
