@@ -113,6 +113,11 @@ class SnapshotCollector(Collector):
         skipped = _counter("backups_skipped", "write-throughs not done for want of host room")
         skipped.add_metric([], c.backups_skipped)
         yield from (evicted, skipped)
+        if c.disk is not None:
+            lookup = _histogram("disk_lookup_seconds", "wall time of each lookup of the disk tier's index (on a "
+                                                       "shared tier, a round trip to its database)")
+            _add_histogram(lookup, [], c.disk_lookup)
+            yield lookup
 
     @staticmethod
     def _serving(v) -> Iterator[Metric]:

@@ -136,6 +136,9 @@ class CacheStats:
     queue_depths: dict[str, int]  # queued or running operations, by TransferPath value
     evicted_pages: dict[Tier, int]  # device, host
     backups_skipped: int  # write-throughs not done for want of host room
+    # seconds of each lookup of the disk tier's index (the store's longest_prefix): on a shared
+    # tier, a round trip to its database on the path before a request's first token
+    disk_lookup: Histogram = field(default_factory=Histogram)
 
     @property
     def hit_rate(self) -> float:
@@ -167,6 +170,7 @@ class CacheCounters:
         self._evicted: dict[Tier, int] = dict.fromkeys(MEMORY_TIERS, 0)
         self._backups_skipped = 0
         self._by_namespace: dict[str, NamespaceLookups] = {}
+        self._disk_lookup = Histogram()
 
     def record_lookup(self, num_tokens: int, device_tokens: int, host_tokens: int, disk_tokens: int,
                       namespace: str | None = None) -> None:
@@ -207,6 +211,10 @@ class CacheCounters:
             with self._lock:
                 self._evicted[tier] += num_pages
 
+    def record_disk_lookup(self, seconds: float) -> None:
+        with self._lock:
+            self._disk_lookup = self._disk_lookup.observed(seconds)
+
     def record_backup_skipped(self) -> None:
         with self._lock:
             self._backups_skipped += 1
@@ -218,4 +226,5 @@ class CacheCounters:
                 page_size=page_size, uptime_s=time.monotonic() - self.started_at, device=device, host=host,
                 disk=disk, lookups=self._lookups, lookup_tokens=self._lookup_tokens,
                 hit_tokens=dict(self._hit_tokens), paths=dict(self._paths), queue_depths=queue_depths,
-                evicted_pages=dict(self._evicted), backups_skipped=self._backups_skipped)
+                evicted_pages=dict(self._evicted), backups_skipped=self._backups_skipped,
+                disk_lookup=self._disk_lookup)

@@ -50,7 +50,7 @@ from chunkstore.cache.radix_types import (
 from chunkstore.cache.stats import CacheCounters, CacheStats, DiskUsage, TierUsage
 from chunkstore.cache.tiers import Tier
 from chunkstore.disk.identity import ModelIdentity
-from chunkstore.disk.keys import DEFAULT_NAMESPACE, chain_pages
+from chunkstore.disk.keys import DEFAULT_NAMESPACE, PageRef, chain_pages
 from chunkstore.disk.store import ChunkStore
 from chunkstore.disk.store_spec import open_store
 
@@ -218,8 +218,16 @@ class TieredCache:
         disk = 0
         if self.store is not None and len(tokens) - m.num_tokens >= self.page_size:
             pages = chain_pages(self.identity, tokens[m.num_tokens:], namespace, parent_key=m.last_key)
-            disk = self.store.longest_prefix([p.key for p in pages], namespace) * self.page_size
+            disk = self._disk_prefix(pages, namespace) * self.page_size
         return m.num_device_tokens, m.num_host_tokens, disk
+
+    def _disk_prefix(self, pages: list[PageRef], namespace: str) -> int:
+        """How many of ``pages`` (a chain) the disk tier holds from the first, the lookup timed."""
+        began = time.perf_counter()
+        try:
+            return self.store.longest_prefix([p.key for p in pages], namespace)
+        finally:
+            self.counters.record_disk_lookup(time.perf_counter() - began)
 
     def release(self, hit: PrefixHit) -> None:
         """Give back the lock of a ``match``. Raises ValueError when given back twice."""
@@ -346,7 +354,7 @@ class TieredCache:
             return running, False
         if room == 0:
             return None, False
-        num_pages = self.store.longest_prefix([p.key for p in pages], namespace)
+        num_pages = self._disk_prefix(pages, namespace)
         if num_pages == 0:
             return None, False
         with self._lock:

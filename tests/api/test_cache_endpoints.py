@@ -4,6 +4,8 @@ live configuration, and ``api.mount`` inside another app."""
 
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI
 
 from chunkstore.api import CacheBackend, create_app, mount
@@ -122,6 +124,8 @@ def test_metrics_of_a_live_cache(cache_server):
                  'chunkstore_tier_used_bytes{tier="host"}', "chunkstore_lookups_total 2.0",
                  'chunkstore_queue_depth{path="disk_to_host"}'):
         assert line in body, line
+    asked = re.search(r"^chunkstore_disk_lookup_seconds_count (\S+)$", body, re.MULTILINE)
+    assert asked is not None and float(asked.group(1)) >= 1  # each lookup of the disk tier's index, timed
 
 
 def test_history_of_a_live_cache(cache_server):

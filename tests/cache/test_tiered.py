@@ -403,6 +403,23 @@ def test_one_request_counts_one_hit(tmp_path):
         assert [n.hit_count for n in cache.tree.iter_nodes()] == [count + 1 for count in before]
 
 
+def test_each_lookup_of_the_disk_tier_is_timed(tmp_path):
+    """Every time the cache asks the disk tier's index (a match past the memory tiers, a peek), it
+    counts the lookup's wall time (``CacheStats.disk_lookup``); a match the memory tiers answer
+    whole does not ask."""
+    with open_cache(make_config(tmp_path)) as cache:
+        assert cache.stats().disk_lookup.count == 0
+        tokens = toks(1, 2, 3)
+        serve(cache, tokens)  # an empty cache: the disk tier is asked, and misses
+        asked = cache.stats().disk_lookup.count
+        assert asked >= 1
+        lookup(cache, tokens)  # all on device: nothing to ask the disk
+        assert cache.stats().disk_lookup.count == asked
+        cache.peek(toks(1, 2, 3, 4, 5))
+        timed = cache.stats().disk_lookup
+        assert timed.count == asked + 1 and timed.total > 0
+
+
 def test_write_back_writes_only_on_eviction_and_loses_nothing(tmp_path):
     config = make_config(tmp_path, write_policy="write_back", device_size="4pages", host_size="8pages")
     prefixes = [toks(i, i, i, i) for i in (1, 2, 3, 4)]
